@@ -1,0 +1,148 @@
+"""Who am I in a distributed job? The rank bootstrap the training scripts import.
+
+Reads, in this order:
+  1. torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), which the
+     kit's job wrapper also exports for submitit jobs on every backend;
+  2. Slurm variables of an `srun` task (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, node list);
+  3. otherwise a single process.
+
+    from dlokit import rank
+    env = rank.detect()
+    device = rank.init_process_group()   # nccl on GPU, gloo on CPU; no-op for one process
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun", "slurm" or "single"
+    cpus_per_task: int
+    job_id: str | None
+    hostnames: tuple[str, ...]
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list such as ``node[01-03,07],gpu5`` into host names."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        match = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{width}d}{suffix}")
+    return hosts
+
+
+def _port_from_job_id(job_id: str | None) -> int:
+    digits = re.sub(r"\D", "", job_id or "")
+    return 20000 + int(digits) % 20000 if digits else 29500
+
+
+def _cpus_per_task(env) -> int:
+    for key in ("SLURM_CPUS_PER_TASK", "DLOKIT_CPUS_PER_TASK"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+def detect(env=None) -> DistEnv:
+    """Read the process's place in the job from the environment (no side effects)."""
+    env = os.environ if env is None else env
+    job_id = env.get("DLOKIT_RUN_ID") or env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
+
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        return DistEnv(
+            rank=int(env["RANK"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=world,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+            source="torchrun",
+            cpus_per_task=_cpus_per_task(env),
+            job_id=job_id,
+            hostnames=tuple(expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or [env.get("MASTER_ADDR", "127.0.0.1")]),
+        )
+
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1"))
+        hosts = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"]
+        tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            world_size=world,
+            local_world_size=int(re.match(r"\d+", tasks_per_node).group()),
+            master_addr=hosts[0],
+            master_port=int(env.get("MASTER_PORT") or _port_from_job_id(env.get("SLURM_JOB_ID"))),
+            source="slurm",
+            cpus_per_task=_cpus_per_task(env),
+            job_id=job_id,
+            hostnames=tuple(hosts),
+        )
+
+    return DistEnv(
+        rank=0, local_rank=0, world_size=1, local_world_size=1,
+        master_addr="127.0.0.1", master_port=29500, source="single",
+        cpus_per_task=_cpus_per_task(env), job_id=job_id, hostnames=(socket.gethostname(),),
+    )
+
+
+def init_process_group(backend: str | None = None, timeout_s: float = 300.0):
+    """Join the job's process group (when there is more than one process) and return the device.
+
+    The backend is nccl when this process has a GPU and gloo otherwise, unless given.
+    """
+    import torch
+    import torch.distributed as dist
+
+    env = detect()
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+
+    if env.distributed and not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend or ("nccl" if device.type == "cuda" else "gloo"),
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return device
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
