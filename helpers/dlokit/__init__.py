@@ -1,2 +1,20 @@
-"""DLO-Kit: submit course jobs, watch them, and read what they report."""
+"""DLO-Kit: submit course jobs, watch them, and read what they report.
+
+    import dlokit
+    dlokit.use_profile("local")                    # or "slurm", "jean-zay", your own
+    ids = dlokit.gpu_jobs_submitter("train_classifier.py --test", n_gpu=1, name="alice")
+    dlokit.display_slurm_queue("alice")
+    print(dlokit.job_outcome(ids[0]))
+"""
+from .jobs import JobCard, Outcome, cancel, job_outcome, search_log, show_script, wait
+from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
+from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
+from .queue import display_slurm_queue, job_table
+from .submit import gpu_jobs_submitter, submit
+
 __version__ = "0.1.0"
+__all__ = [
+    "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "ProfileError", "cancel", "current_profile",
+    "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
+    "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
+]

@@ -114,16 +114,19 @@ def detect(env=None) -> DistEnv:
     )
 
 
-def init_process_group(backend: str | None = None, timeout_s: float = 300.0):
+def init_process_group(backend: str | None = None, timeout_s: float = 300.0, device: str | None = None):
     """Join the job's process group (when there is more than one process) and return the device.
 
-    The backend is nccl when this process has a GPU and gloo otherwise, unless given.
+    The device is this process's GPU when there is one, else the CPU; ``device="cpu"`` forces the CPU
+    and ``device="cuda"`` insists on a GPU. The backend is nccl on GPU and gloo on CPU, unless given.
     """
     import torch
     import torch.distributed as dist
 
     env = detect()
-    if torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+    if torch.cuda.is_available() and device != "cpu":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:

@@ -114,8 +114,14 @@ class RunRecorder:
             "hardware": describe_hardware(device),
             **(extra or {}),
         }
+        self.header = header
         _write_json_atomic(self.folder / "run.json", header)
         self._metrics = open(self.folder / "metrics.jsonl", "a", buffering=1)
+
+    def amend(self, **fields) -> None:
+        """Add fields to run.json (rewritten atomically), e.g. what was observed on the first step."""
+        self.header.update(fields)
+        _write_json_atomic(self.folder / "run.json", self.header)
 
     def log(self, kind: str, **fields) -> None:
         """Append one metrics line; it is on disk when this returns."""

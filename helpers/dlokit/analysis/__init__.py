@@ -1,0 +1,29 @@
+"""Analysis helpers for the notebooks: read run records and profiler traces, plot what they show.
+
+Every function accepts run ids, run folders or Run objects, and never fails on a run that is still
+running, was killed, failed or is missing: it says so in the table or figure instead. Plots return a
+matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame.
+"""
+from dlokit.analysis.compare import Comparison, compare_runs
+from dlokit.analysis.curves import training_curves
+from dlokit.analysis.dashboard import dashboard
+from dlokit.analysis.dataloader import dataloader_trials
+from dlokit.analysis.figures import message_figure
+from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch
+from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
+from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
+from dlokit.analysis.scaling import scaling_plot, scaling_table
+from dlokit.analysis.table import config_value, runs_table
+
+
+def run_picker(runs_dir=None, metric: str = "throughput_train"):
+    """The notebook widget (imported lazily: ipywidgets is only needed here)."""
+    from dlokit.analysis.picker import run_picker as make
+
+    return make(runs_dir, metric)
+
+
+__all__ = ["Comparison", "Run", "breakdown_pie", "compare_runs", "config_value", "dashboard",
+           "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
+           "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
+           "scaling_plot", "scaling_table", "trace_files", "training_curves"]

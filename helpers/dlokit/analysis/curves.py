@@ -1,0 +1,50 @@
+"""training_curves: loss, accuracy and learning rate against optimizer steps, one colour per run."""
+from __future__ import annotations
+
+import pandas as pd
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.run import load_runs
+
+
+def _series(frame: pd.DataFrame, x: str, y: str):
+    if frame.empty or x not in frame or y not in frame:
+        return None
+    data = frame[[x, y]].apply(pd.to_numeric, errors="coerce").dropna()
+    return (data[x].to_numpy(), data[y].to_numpy()) if not data.empty else None
+
+
+def _epoch_steps(run) -> pd.DataFrame:
+    """Epoch lines placed at the last optimizer step of their epoch."""
+    epochs, steps = run.lines("epoch"), run.steps
+    if epochs.empty or "epoch" not in epochs or "epoch" not in steps or "step" not in steps:
+        return pd.DataFrame()
+    last = steps.groupby("epoch")["step"].max()
+    return epochs.assign(step=epochs["epoch"].map(last)).dropna(subset=["step"])
+
+
+def training_curves(runs, runs_dir=None):
+    """Three panels: loss (train steps, validation points), accuracy, learning rate."""
+    runs = load_runs(runs, runs_dir)
+    plotted = [r for r in runs if not r.steps.empty]
+    notes = [r.describe_state() for r in runs if r.steps.empty or r.state != "completed"]
+    if not plotted:
+        return message_figure(notes or ["no runs"], title="training curves")
+    figure, axes = new_figure(1, 3, size=(13, 4))
+    loss_ax, acc_ax, lr_ax = axes[0]
+    for index, run in enumerate(plotted):
+        color, label = f"C{index % 10}", run.label
+        steps, vals, epochs = run.steps, run.lines("val"), _epoch_steps(run)
+        for ax, frame, y, style, suffix in (
+                (loss_ax, steps, "loss", "-", " train"), (loss_ax, vals, "val_loss", "o--", " val"),
+                (acc_ax, steps, "acc", "-", " train"), (acc_ax, epochs, "train_acc", "s:", " train/epoch"),
+                (acc_ax, vals, "val_acc", "o--", " val"), (lr_ax, steps, "lr", "-", "")):
+            series = _series(frame, "step", y)
+            if series is not None:
+                ax.plot(*series, style, color=color, label=label + suffix, alpha=0.9)
+    for ax, title in ((loss_ax, "loss"), (acc_ax, "accuracy"), (lr_ax, "learning rate")):
+        ax.set(title=title, xlabel="step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    add_notes(figure, notes)
+    return figure

@@ -1,0 +1,44 @@
+"""Figure plumbing shared by the plots: pyplot-free figures and the 'nothing to plot yet' figure.
+
+Figures are built with matplotlib.figure.Figure (no global pyplot state): a notebook shows the
+one a cell returns, and tests can inspect its lines and bars without a display.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+from matplotlib.figure import Figure
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, size=(7, 4), **kwargs):
+    figure = Figure(figsize=size, layout="constrained")
+    axes = figure.subplots(nrows, ncols, squeeze=False, **kwargs)
+    return figure, axes
+
+
+def message_figure(lines, title: str | None = None) -> Figure:
+    """A figure that says why there is nothing (yet) to plot, e.g. 'run 1234: running or killed'."""
+    if isinstance(lines, str):
+        lines = [lines]
+    figure = Figure(figsize=(7, 0.6 + 0.35 * max(len(lines), 1)), layout="constrained")
+    ax = figure.add_subplot()
+    ax.axis("off")
+    ax.text(0.0, 1.0, "\n".join(lines) or "nothing to show", va="top", ha="left",
+            family="monospace", fontsize=10, transform=ax.transAxes)
+    if title:
+        ax.set_title(title, loc="left")
+    return figure
+
+
+def add_notes(figure: Figure, notes: list[str]) -> None:
+    """Small text under the plot listing runs left out and why."""
+    if notes:
+        figure.text(0.01, 0.0, "\n".join(notes), fontsize=8, va="bottom", ha="left", color="dimgray")
+        figure.get_layout_engine().set(rect=(0, 0.04 * len(notes), 1, 1 - 0.04 * len(notes)))
+
+
+def figure_png_base64(figure: Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -1,0 +1,152 @@
+"""One training run as the notebooks see it: every rank's record, read tolerantly."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dlokit.runrecord import default_runs_dir, read_rank
+
+COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed", "missing"
+OOM_MARKERS = ("out of memory", "outofmemoryerror")
+
+
+@dataclass
+class Run:
+    """A run record: `ranks` maps rank -> read_rank() dict; the other fields summarise them."""
+
+    run_id: str
+    path: Path
+    ranks: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def rank0(self) -> dict:
+        if not self.ranks:
+            return {"run": None, "metrics": [], "summary": None, "state": MISSING, "truncated": False}
+        return self.ranks[min(self.ranks)]
+
+    @property
+    def info(self) -> dict:
+        return self.rank0["run"] or {}
+
+    @property
+    def config(self) -> dict:
+        return self.info.get("config") or {}
+
+    @property
+    def summary(self) -> dict:
+        return self.rank0["summary"] or {}
+
+    @property
+    def summaries(self) -> list[dict]:
+        return [r["summary"] for r in self.ranks.values() if r["summary"]]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.info.get("world_size") or len(self.ranks) or 1)
+
+    @property
+    def state(self) -> str:
+        states = [r["state"] for r in self.ranks.values()]
+        if not states or all(s == MISSING for s in states):
+            return MISSING
+        if FAILED in states:
+            return FAILED
+        if all(s == COMPLETED for s in states) and len(states) >= self.world_size:
+            return COMPLETED
+        return RUNNING
+
+    @property
+    def truncated(self) -> bool:
+        return any(r["truncated"] for r in self.ranks.values())
+
+    @property
+    def error(self) -> str | None:
+        for summary in self.summaries:
+            if summary.get("error"):
+                return str(summary["error"])
+        return None
+
+    @property
+    def oom(self) -> bool:
+        texts = [self.error or ""]
+        texts += [str(m.get("error", "")) for r in self.ranks.values() for m in r["metrics"]
+                  if m.get("kind") == "event"]
+        return any(marker in text.lower() for text in texts for marker in OOM_MARKERS)
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        """Every metrics line of every rank, with a `rank` column."""
+        rows = [{"rank": k, **m} for k, r in sorted(self.ranks.items()) for m in r["metrics"]]
+        return pd.DataFrame(rows, columns=None if rows else ["rank", "kind", "time"])
+
+    def lines(self, kind: str, rank: int | None = None) -> pd.DataFrame:
+        """Metrics lines of one kind ('step', 'epoch', 'val', 'event') for one rank (default: lowest)."""
+        rank = min(self.ranks) if rank is None and self.ranks else rank
+        record = self.ranks.get(rank, self.rank0)
+        return pd.DataFrame([m for m in record["metrics"] if m.get("kind") == kind])
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.lines("step")
+
+    @property
+    def label(self) -> str:
+        name = self.config.get("name") or self.config.get("tag") or self.info.get("name") or self.info.get("tag")
+        return f"{self.run_id} ({name})" if name else str(self.run_id)
+
+    def describe_state(self) -> str:
+        """One line: 'run 1234: running or killed, 12 steps so far (last line truncated)'."""
+        if self.state == MISSING:
+            return f"run {self.run_id}: missing (no record under {self.path})"
+        n = len(self.steps)
+        text = f"run {self.label}: {self.state}, {n} steps" + (" so far" if self.state == RUNNING else "")
+        if self.state == FAILED and self.error:
+            text += f" — {self.error[:120]}"
+        if self.truncated:
+            text += " (last metrics line truncated)"
+        return text
+
+    def __repr__(self) -> str:
+        return f"<Run {self.describe_state()}>"
+
+
+def _resolve(run_id_or_path, runs_dir) -> Path:
+    text = str(run_id_or_path)
+    if os.sep not in text and "/" not in text:
+        return Path(runs_dir or default_runs_dir()).expanduser() / text
+    path = Path(text).expanduser()
+    return path.parent if path.name.startswith("rank") and (path / "run.json").exists() else path
+
+
+def load_run(run_id_or_path, runs_dir=None) -> Run:
+    """A run by job id (looked up in runs_dir, default $DLOKIT_RUNS_DIR or ./runs) or by folder path."""
+    if isinstance(run_id_or_path, Run):
+        return run_id_or_path
+    path = _resolve(run_id_or_path, runs_dir)
+    ranks = {}
+    for folder in sorted(path.glob("rank*")) if path.is_dir() else []:
+        suffix = folder.name[4:]
+        if folder.is_dir() and suffix.isdigit():
+            ranks[int(suffix)] = read_rank(folder)
+    return Run(run_id=path.name, path=path, ranks=ranks)
+
+
+def list_run_ids(runs_dir=None) -> list[str]:
+    """Run ids under runs_dir, oldest first."""
+    root = Path(runs_dir or default_runs_dir()).expanduser()
+    if not root.is_dir():
+        return []
+    folders = [p for p in root.iterdir() if p.is_dir() and any(p.glob("rank*"))]
+    return [p.name for p in sorted(folders, key=lambda p: (p.stat().st_mtime, p.name))]
+
+
+def load_runs(run_ids=None, runs_dir=None) -> list[Run]:
+    """Several runs: given ids/paths/Run objects, or every run under runs_dir."""
+    if run_ids is None:
+        run_ids = list_run_ids(runs_dir)
+    elif isinstance(run_ids, (str, os.PathLike, Run)):
+        run_ids = [run_ids]
+    return [load_run(r, runs_dir) for r in run_ids]

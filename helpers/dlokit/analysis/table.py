@@ -1,0 +1,126 @@
+"""runs_table: one tidy row per run, the common input of every comparison."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dlokit.analysis.run import Run, load_runs
+
+CONFIG_ALIASES = {
+    "name": ("name", "tag", "job_name"),
+    "model": ("model", "arch"),
+    "batch_size": ("batch_size", "per_gpu_batch_size", "local_batch_size"),
+    "amp": ("amp", "amp_dtype", "precision", "dtype"),
+    "channels_last": ("channels_last",),
+    "workers": ("num_workers", "workers"),
+    "pin_memory": ("pin_memory",),
+    "non_blocking": ("non_blocking",),
+    "prefetch_factor": ("prefetch_factor",),
+    "persistent_workers": ("persistent_workers",),
+    "drop_last": ("drop_last",),
+    "image_size": ("image_size",),
+    "compile": ("compile",),
+}
+SPLITS = ("t_data", "t_h2d", "t_forward", "t_backward", "t_optimizer", "t_metrics", "t_step")
+COLUMNS = ("run_id", "name", "state", "script", "model", "batch_size", "global_batch_size", "amp",
+           "channels_last", "workers", "pin_memory", "non_blocking", "prefetch_factor",
+           "persistent_workers", "world_size", "steps", "throughput_train", "throughput_compute",
+           *SPLITS, "first_step_load_s", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j",
+           "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error")
+
+
+def config_value(run: Run, key: str, default=None):
+    """A config option under any of its usual names (see CONFIG_ALIASES), else from run.json."""
+    for name in CONFIG_ALIASES.get(key, (key,)):
+        if run.config.get(name) is not None:
+            return run.config[name]
+        if run.info.get(name) is not None:
+            return run.info[name]
+    return default
+
+
+def _number(value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _mean_of_steps(steps: pd.DataFrame, column: str):
+    if column not in steps:
+        return None
+    values = pd.to_numeric(steps[column], errors="coerce").dropna()
+    values = values.iloc[1:] if len(values) > 1 else values
+    return float(values.mean()) if len(values) else None
+
+
+def run_metric(run: Run, key: str):
+    """A summary figure: rank 0's summary, else the mean over step lines so far (first step skipped)."""
+    value = _number(run.summary.get(key))
+    if value is not None:
+        return value
+    return _mean_of_steps(run.steps, key)
+
+
+def _peak(run: Run, key: str, step_key: str | None = None):
+    values = [_number(s.get(key)) for s in run.summaries]
+    values = [v for v in values if v is not None]
+    if not values and step_key:
+        metrics = run.metrics
+        if step_key in metrics:
+            values = pd.to_numeric(metrics[step_key], errors="coerce").dropna().tolist()
+    return max(values) if values else None
+
+
+def _energy(run: Run):
+    values = [_number(s.get("energy_j")) for s in run.summaries]
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def _val_acc(run: Run, key: str):
+    value = _number(run.summary.get(key))
+    if value is not None:
+        return value
+    vals = run.lines("val")
+    if "val_acc" not in vals or vals.empty:
+        return None
+    series = pd.to_numeric(vals["val_acc"], errors="coerce").dropna()
+    if series.empty:
+        return None
+    return float(series.max() if key == "best_val_acc" else series.iloc[-1])
+
+
+def run_row(run: Run) -> dict:
+    steps = run.steps
+    batch = config_value(run, "batch_size")
+    global_batch = config_value(run, "global_batch_size")
+    if global_batch is None and "batch_size" in steps and not steps.empty:
+        global_batch = steps["batch_size"].iloc[-1]
+    if global_batch is None and batch is not None:
+        global_batch = batch * run.world_size
+    row = {
+        "run_id": run.run_id, "state": run.state, "script": run.info.get("script"),
+        "world_size": run.world_size, "global_batch_size": global_batch,
+        "steps": run.summary.get("steps", len(steps)),
+        **{k: config_value(run, k) for k in ("name", "model", "batch_size", "amp", "channels_last",
+                                             "workers", "pin_memory", "non_blocking",
+                                             "prefetch_factor", "persistent_workers")},
+        **{k: run_metric(run, k) for k in ("throughput_train", "throughput_compute", *SPLITS)},
+        "first_step_load_s": _number(run.summary.get("first_step_load_s")),
+        "gpu_mem_peak_mb": _peak(run, "gpu_mem_peak_mb", "gpu_mem_mb"),
+        "host_rss_peak_mb": _peak(run, "host_rss_peak_mb"),
+        "energy_j": _energy(run), "peak_power_w": _peak(run, "peak_power_w"),
+        "val_acc": _val_acc(run, "val_acc"), "best_val_acc": _val_acc(run, "best_val_acc"),
+        "wall_time_s": _number(run.summary.get("wall_time_s")),
+        "oom": run.oom, "truncated": run.truncated, "error": run.error,
+    }
+    return row
+
+
+def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
+    """One row per run (ids, paths or Run objects; default: every run under runs_dir)."""
+    runs = load_runs(runs, runs_dir)
+    return pd.DataFrame([run_row(r) for r in runs], columns=list(COLUMNS))

@@ -1,0 +1,211 @@
+"""A job, described once and checked before anything is written or submitted.
+
+JobSpec holds what a notebook cell asks for; `plan(spec, profile)` validates it against the profile
+and returns the node layout; `sbatch_preview` renders the batch script submitit would send.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .profiles import Profile
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MODULE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]*")
+TIME_PATTERN = re.compile(r"(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})")
+
+
+class JobSpecError(ValueError):
+    """What a cell asked for cannot be submitted; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    script: str
+    args: tuple[str, ...] = ()
+    name: str = "dlokit"
+    n_gpu: int = 1
+    n_gpu_per_task: int = 1
+    time_max: str = "00:10:00"
+    module: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    constraint: str | None = None
+    account: str | None = None
+    cpus_per_task: int | None = None
+    exclusive: bool = False
+    env: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_command(cls, command: str | list[str], **kwargs) -> "JobSpec":
+        """'train.py --batch-size 64' (shell-like quoting) or ['train.py', '--batch-size', '64']."""
+        if isinstance(command, str):
+            try:
+                argv = shlex.split(command)
+            except ValueError as err:
+                raise JobSpecError(f"cannot split command {command!r}: {err}") from None
+        else:
+            argv = [str(a) for a in command]
+        if not argv:
+            raise JobSpecError("empty command: give the training script, e.g. 'train_classifier.py --test'")
+        return cls(script=argv[0], args=tuple(argv[1:]), **kwargs)
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.script, *self.args]
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(["python", "-u", *self.argv])
+
+
+@dataclass(frozen=True)
+class Layout:
+    n_gpu: int
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    time_seconds: int
+
+    @property
+    def time_minutes(self) -> int:
+        """Slurm counts whole minutes."""
+        return math.ceil(self.time_seconds / 60)
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def summary(self, name: str) -> str:
+        unit = "GPU" if self.gpus_per_node else "process"
+        return (f"{name}: {_count(self.n_gpu, unit)} on {_count(self.nodes, 'node')} - "
+                f"{_count(self.tasks, 'task')} ({self.tasks_per_node} per node), "
+                f"{_count(self.cpus_per_task, 'CPU')} per task, time limit {format_seconds(self.time_seconds)}")
+
+
+def _count(number: int, word: str) -> str:
+    plural = word + ("es" if word.endswith("s") else "s")
+    return f"{number} {word if number == 1 else plural}"
+
+
+def parse_time(value: str | int) -> int:
+    """'HH:MM:SS', 'D-HH:MM:SS' or a number of minutes -> seconds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value * 60
+    else:
+        text = str(value).strip()
+        match = TIME_PATTERN.fullmatch(text)
+        if not match:
+            raise JobSpecError(f"time_max {value!r} is not a time: write 'HH:MM:SS' (e.g. '00:30:00') "
+                               "or 'D-HH:MM:SS', or give minutes as an integer")
+        days, hours, mins, secs = (int(g or 0) for g in match.groups())
+        if mins >= 60 or secs >= 60:
+            raise JobSpecError(f"time_max {value!r}: minutes and seconds must be below 60")
+        seconds = days * 86400 + hours * 3600 + mins * 60 + secs
+    if seconds <= 0:
+        raise JobSpecError(f"time_max {value!r} must be positive")
+    return seconds
+
+
+def format_seconds(seconds: int) -> str:
+    days, rest = divmod(int(seconds), 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise JobSpecError(f"job name {name!r}: use 1-64 letters, digits, '.', '_' or '-' starting with a "
+                           "letter or digit (it becomes a file name and a squeue filter), e.g. 'alice'")
+
+
+def _check_int(label: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise JobSpecError(f"{label} must be a whole number >= {minimum}, not {value!r}")
+    return value
+
+
+def plan(spec: JobSpec, profile: Profile) -> Layout:
+    """Check a job against a profile and lay it out on nodes; raises JobSpecError with advice."""
+    check_name(spec.name)
+    n_gpu = _check_int("n_gpu (number of GPUs)", spec.n_gpu)
+    per_task = _check_int("n_gpu_per_task", spec.n_gpu_per_task)
+    seconds = parse_time(spec.time_max)
+    if spec.module is not None and not MODULE_PATTERN.fullmatch(spec.module):
+        raise JobSpecError(f"module {spec.module!r} is not a module name (letters, digits, '_.+/-')")
+    if not spec.script.endswith(".py"):
+        raise JobSpecError(f"{spec.script!r} is not a Python script: the command must start with a .py file")
+    if profile.backend == "local" or Path(spec.script).is_absolute() or Path(spec.script).exists():
+        if not Path(spec.script).is_file():
+            raise JobSpecError(f"script {spec.script!r} not found (looked in {Path.cwd()}); "
+                               "check the path relative to the notebook's folder")
+
+    node_gpus = profile.node_gpus()
+    if n_gpu <= node_gpus:
+        nodes, gpus_on_node = 1, n_gpu
+    elif profile.backend == "local":
+        raise JobSpecError(f"{n_gpu} GPUs asked but this machine offers {node_gpus}; "
+                           "use a Slurm profile (dlokit.use_profile('slurm', ...)) for more")
+    elif n_gpu % node_gpus:
+        lower, upper = n_gpu // node_gpus * node_gpus, (n_gpu // node_gpus + 1) * node_gpus
+        raise JobSpecError(f"{n_gpu} GPUs do not fill whole nodes of {node_gpus} GPUs "
+                           f"(profile {profile.name!r}); ask for {lower} or {upper}")
+    else:
+        nodes, gpus_on_node = n_gpu // node_gpus, node_gpus
+    if gpus_on_node % per_task:
+        raise JobSpecError(f"n_gpu_per_task={per_task} does not divide the {gpus_on_node} GPUs of a node")
+    tasks_per_node = gpus_on_node // per_task
+    cpus = spec.cpus_per_task if spec.cpus_per_task is not None else profile.task_cpus(tasks_per_node)
+    _check_int("cpus_per_task", cpus)
+    local_gpus = profile.backend == "local" and profile.gpus_per_node == "auto" and _local_gpu_count() == 0
+    return Layout(n_gpu=n_gpu, nodes=nodes, gpus_per_node=0 if local_gpus else gpus_on_node,
+                  tasks_per_node=tasks_per_node, cpus_per_task=cpus, time_seconds=seconds)
+
+
+def _local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
+    """The SlurmExecutor parameters (without the 'slurm_' prefix) for this job."""
+    params: dict = {
+        "job_name": spec.name,
+        "nodes": layout.nodes,
+        "ntasks_per_node": layout.tasks_per_node,
+        "cpus_per_task": layout.cpus_per_task,
+        "time": layout.time_minutes,
+        "setup": list(profile.setup) + ([f"module load {shlex.quote(spec.module)}"] if spec.module else []),
+    }
+    if profile.gres_style == "gpus-per-node":
+        params["gpus_per_node"] = layout.gpus_per_node
+    else:
+        params["gres"] = f"gpu:{layout.gpus_per_node}"
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(spec, key) or getattr(profile, key)
+        if value:
+            params[key] = str(value)
+    if spec.exclusive:
+        params["exclusive"] = True
+    if profile.hint_nomultithread:
+        params["additional_parameters"] = {"hint": "nomultithread"}
+    for key, value in params.items():
+        if isinstance(value, str) and any(ch in value for ch in "\n\r"):
+            raise JobSpecError(f"{key} {value!r} contains a line break")
+    return params
+
+
+def sbatch_preview(spec: JobSpec, profile: Profile, folder: str | Path | None = None) -> str:
+    """The batch script submitit would write for this job (nothing is written or submitted)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    layout = plan(spec, profile)
+    folder = Path(folder or profile.logs / spec.name)
+    python = profile.python or "python"
+    command = f"{shlex.quote(python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, profile, layout))

@@ -1,0 +1,139 @@
+"""Profiles: where jobs go (this machine, a generic Slurm cluster, a Jean Zay-like one...).
+
+    import dlokit
+    dlokit.use_profile("local")                        # the embedded default
+    dlokit.use_profile("jean-zay", account="abc@a100")
+
+Profiles come from the kit's profiles.toml, then ~/.config/dlokit/profiles.toml, then
+./dlokit_profiles.toml, then the file named by $DLOKIT_PROFILES (later files win).
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+BUILTIN_FILE = Path(__file__).with_name("profiles.toml")
+
+
+class ProfileError(ValueError):
+    """A profile is unknown, incomplete or malformed."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    backend: str  # "local" or "slurm"
+    description: str = ""
+    gpus_per_node: int | str = 4  # "auto" on the local backend
+    cpus_per_task: int | str = 1
+    gres_style: str = "gres"
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""
+    hint_nomultithread: bool = False
+    setup: tuple[str, ...] = ()
+    python: str = ""
+    log_dir: str = ""  # default: ./dlokit_jobs/<user>
+    runs_dir: str = ""  # default: ./runs
+    env: dict = field(default_factory=dict)  # extra environment for every job
+    required: tuple[str, ...] = ()
+
+    @property
+    def logs(self) -> Path:
+        root = self.log_dir or os.environ.get("DLOKIT_LOG_DIR") or "dlokit_jobs"
+        return (Path(root).expanduser() / getpass.getuser()).absolute()
+
+    @property
+    def runs(self) -> Path:
+        root = self.runs_dir or os.environ.get("DLOKIT_RUNS_DIR") or "runs"
+        return Path(root).expanduser().absolute()
+
+    def node_gpus(self) -> int:
+        """GPUs (or, on a CPU-only local machine, processes) one node offers."""
+        if self.gpus_per_node != "auto":
+            return int(self.gpus_per_node)
+        import torch
+
+        return torch.cuda.device_count() or max(1, min(os.cpu_count() or 1, 8))
+
+    def task_cpus(self, tasks_per_node: int) -> int:
+        if self.cpus_per_task != "auto":
+            return int(self.cpus_per_task)
+        return max(1, (os.cpu_count() or 1) // max(1, tasks_per_node))
+
+
+def _profile_files() -> list[Path]:
+    files = [BUILTIN_FILE, Path("~/.config/dlokit/profiles.toml").expanduser(), Path("dlokit_profiles.toml")]
+    if os.environ.get("DLOKIT_PROFILES"):
+        files.append(Path(os.environ["DLOKIT_PROFILES"]).expanduser())
+    return [f for f in files if f.is_file()]
+
+
+def load_profiles() -> dict[str, dict]:
+    raw: dict[str, dict] = {}
+    for path in _profile_files():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ProfileError(f"{path} is not valid TOML: {err}") from None
+        for name, table in data.items():
+            raw.setdefault(name, {}).update(table)
+    return raw
+
+
+def _resolve(name: str, raw: dict[str, dict], seen: tuple[str, ...] = ()) -> dict:
+    if name not in raw:
+        known = ", ".join(sorted(raw))
+        raise ProfileError(f"unknown profile {name!r}; known profiles: {known}. "
+                           "Add one in ~/.config/dlokit/profiles.toml or ./dlokit_profiles.toml.")
+    if name in seen:
+        raise ProfileError(f"profile {name!r} extends itself through {' -> '.join(seen)}")
+    table = dict(raw[name])
+    parent = table.pop("extends", None)
+    return {**(_resolve(parent, raw, seen + (name,)) if parent else {}), **table}
+
+
+def get_profile(name: str, **overrides) -> Profile:
+    values = {**_resolve(name, load_profiles()), **{k: v for k, v in overrides.items() if v is not None}}
+    known = {f.name for f in fields(Profile)} - {"name"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ProfileError(f"profile {name!r}: unknown setting(s) {', '.join(unknown)}; "
+                           f"settings are: {', '.join(sorted(known))}")
+    for key in ("setup", "required"):
+        if key in values:
+            values[key] = tuple(values[key])
+    profile = Profile(name=name, **values)
+    if profile.backend not in ("local", "slurm"):
+        raise ProfileError(f"profile {name!r}: backend must be 'local' or 'slurm', not {profile.backend!r}")
+    missing = [key for key in profile.required if not getattr(profile, key)]
+    if missing:
+        example = ", ".join(f"{key}='...'" for key in missing)
+        raise ProfileError(f"profile {name!r} needs {', '.join(missing)}: call "
+                           f"dlokit.use_profile({name!r}, {example}) or set it in ~/.config/dlokit/profiles.toml")
+    if any(ch.isspace() for ch in str(profile.logs)):
+        raise ProfileError(f"log folder {profile.logs} contains white space, which #SBATCH lines cannot carry; "
+                           "set log_dir in the profile or DLOKIT_LOG_DIR to a path without spaces")
+    return profile
+
+
+_current: Profile | None = None
+
+
+def use_profile(name: str | None = None, **overrides) -> Profile:
+    """Choose where the next jobs go; returns the profile. Without a name: $DLOKIT_PROFILE or 'local'."""
+    global _current
+    _current = get_profile(name or os.environ.get("DLOKIT_PROFILE", "local"), **overrides)
+    return _current
+
+
+def current_profile() -> Profile:
+    return _current or use_profile()
+
+
+def with_overrides(profile: Profile, **overrides) -> Profile:
+    return replace(profile, **{k: v for k, v in overrides.items() if v is not None})

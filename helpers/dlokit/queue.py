@@ -1,0 +1,141 @@
+"""The live queue: which of my jobs are waiting or running, refreshed in place until they end.
+
+In Jupyter it is an ipywidget (state, elapsed time, nodes, last log line, a cancel button per job);
+anywhere else it prints a text table when something changes. Works for both backends.
+"""
+from __future__ import annotations
+
+import getpass
+import html
+import subprocess
+import time
+
+import pandas as pd
+
+from . import jobs
+from .jobspec import format_seconds
+from .profiles import current_profile
+
+COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "last_log_line"]
+
+
+def job_table(name: str | None = None) -> pd.DataFrame:
+    """My active jobs (optionally only those with this job name) as a DataFrame."""
+    rows = _slurm_rows(name) if current_profile().backend == "slurm" else _local_rows(name)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _slurm_rows(name: str | None) -> list[dict]:
+    command = ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R"]
+    if name:
+        command += ["-n", name]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    if out.returncode:
+        raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
+    rows = []
+    for line in out.stdout.splitlines():
+        job_id, job_name, state, elapsed, limit, nodes, node_list = line.split("|", 6)
+        rows.append(dict(job_id=job_id, name=job_name, state=state, elapsed=elapsed, time_limit=limit,
+                         nodes=int(nodes), node_list=node_list, last_log_line=_last_line(job_id)))
+    return rows
+
+
+def _local_rows(name: str | None) -> list[dict]:
+    rows = []
+    for card in jobs.all_cards(name):
+        if not jobs._local_alive(card.job_id):
+            continue
+        rows.append(dict(job_id=card.job_id, name=card.name, state="RUNNING",
+                         elapsed=jobs._hms(time.time() - card.submitted_at),
+                         time_limit=format_seconds(card.time_seconds), nodes=1, node_list="localhost",
+                         last_log_line=jobs.tail(card.log_path())))
+    return rows
+
+
+def _last_line(job_id: str) -> str:
+    paths = jobs.search_log(contains=f"{job_id}_0_log")
+    return jobs.tail(paths[-1]) if paths else ""
+
+
+def _in_jupyter() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "ZMQ" in type(shell).__name__
+
+
+def display_slurm_queue(name: str | None = None, timestep: float = 5.0, timeout_s: float | None = None) -> pd.DataFrame:
+    """Show my jobs (those named `name`), refresh every `timestep` s, return once none is left.
+
+    Returns the last non-empty table seen, so a notebook can look at what ran.
+    """
+    if _in_jupyter():
+        return _watch_widget(name, timestep, timeout_s)
+    return _watch_text(name, timestep, timeout_s)
+
+
+def _watch_text(name, timestep, timeout_s) -> pd.DataFrame:
+    start, last_text, last = time.time(), None, job_table(name)
+    while True:
+        table = job_table(name)
+        text = table.drop(columns=["elapsed"]).to_string(index=False) if len(table) else "no job left in the queue"
+        if text != last_text:
+            print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
+            last_text = text
+        if table.empty or (timeout_s is not None and time.time() - start > timeout_s):
+            return last
+        last = table
+        time.sleep(timestep)
+
+
+def _table_html(table: pd.DataFrame, name: str | None) -> str:
+    title = f"jobs named <b>{html.escape(name)}</b>" if name else "my jobs"
+    if table.empty:
+        return f"<p>{title}: none left in the queue ({time.strftime('%H:%M:%S')})</p>"
+    styled = table.to_html(index=False, escape=True, classes="dlokit-queue", border=0)
+    return f"<p>{title} at {time.strftime('%H:%M:%S')} (refreshing)</p>{styled}"
+
+
+def _watch_widget(name, timestep, timeout_s) -> pd.DataFrame:
+    import ipywidgets as widgets
+    from IPython.display import display
+    from jupyter_ui_poll import ui_events
+
+    board = widgets.HTML()
+    buttons = widgets.HBox()
+    box = widgets.VBox([board, buttons])
+    box.add_class("dlokit-queue-widget")
+    display(box)
+    cancelled: set[str] = set()
+
+    def cancel_button(job_id):
+        button = widgets.Button(description=f"cancel {job_id}", button_style="danger", icon="times")
+
+        def on_click(_):
+            button.disabled = True
+            cancelled.add(job_id)
+            jobs.cancel(job_id)
+
+        button.on_click(on_click)
+        return button
+
+    start, last = time.time(), job_table(name)
+    shown_ids: list[str] = []
+    with ui_events() as process_clicks:
+        while True:
+            table = job_table(name)
+            board.value = _table_html(table, name)
+            ids = [i for i in table["job_id"] if i not in cancelled]
+            if ids != shown_ids:
+                buttons.children = [cancel_button(i) for i in ids]
+                shown_ids = ids
+            if table.empty or (timeout_s is not None and time.time() - start > timeout_s):
+                buttons.children = []
+                return last
+            last = table
+            deadline = time.time() + timestep
+            while time.time() < deadline:
+                process_clicks(5)
+                time.sleep(0.1)

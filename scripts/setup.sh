@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up DLO-Kit on this machine: a virtual environment in .venv with the pinned packages, the kit
+# installed editable, and (with --with-slurm / --with-browser) the Debian packages the tests need.
+# Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_slurm=0; with_browser=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-slurm) with_slurm=1 ;;
+    --with-browser) with_browser=1 ;;
+    *) echo "usage: $0 [--with-slurm] [--with-browser]" >&2; exit 2 ;;
+  esac
+done
+
+apt_install() {  # install Debian packages that are missing (needs root, as in CI)
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: please install these Debian packages (needs root): ${missing[*]}" >&2; exit 1
+  fi
+  echo "setup: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+[ "$with_slurm" = 1 ] && apt_install slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+[ "$with_browser" = 1 ] && apt_install chromium
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+stamp=.venv/.dlokit-installed
+wanted=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "setup: installing pinned Python packages into .venv (torch is large: about a minute)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[notebooks,test]'
+  echo "$wanted" > "$stamp"
+fi
+echo "setup: ready ($(.venv/bin/python -c 'import torch, dlokit; print("torch", torch.__version__, "| dlokit", dlokit.__version__)'))"

@@ -1,0 +1,64 @@
+"""Shared fixtures: an isolated kit workspace per test and the project's real local Slurm cluster."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_SCRIPTS = REPO / "scripts" / "local_slurm"
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A fresh folder as the notebook's working directory, with its own log and runs folders."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
+    return tmp_path
+
+
+def _cluster_env(state_dir: Path) -> dict:
+    """The variables env.sh exports (SLURM_CONF, ...), read by sourcing it in bash."""
+    out = subprocess.run(["bash", "-c", f"source {shlex.quote(str(state_dir / 'env.sh'))} && env -0"],
+                         capture_output=True, check=True).stdout.decode()
+    exported = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    return {k: v for k, v in exported.items() if os.environ.get(k) != v}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """Start the real single-node Slurm (slurmctld, slurmd, slurmdbd + MariaDB, 4 fake GPUs) once."""
+    if os.environ.get("DLOKIT_SKIP_SLURM"):
+        pytest.skip("DLOKIT_SKIP_SLURM is set")
+    state_dir = Path(os.environ.get("DLOKIT_TEST_SLURM_DIR") or tmp_path_factory.mktemp("slurm"))
+    started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), str(state_dir)],
+                             capture_output=True, text=True, timeout=300)
+    if started.returncode:
+        raise RuntimeError(f"local Slurm did not start:\n{started.stdout}\n{started.stderr}")
+    env = _cluster_env(state_dir)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield state_dir
+    subprocess.run(["bash", str(SLURM_SCRIPTS / "stop.sh"), str(state_dir)], capture_output=True, timeout=120)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(params=["local", "local-slurm"])
+def backend(request, workspace):
+    """Run a test once on the embedded default and once on the real local Slurm."""
+    import dlokit
+
+    if request.param == "local-slurm":
+        request.getfixturevalue("slurm_cluster")
+    return dlokit.use_profile(request.param)

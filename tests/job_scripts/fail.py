@@ -1,0 +1,5 @@
+def load_batch():
+    raise ValueError("no batch here: the failing job of the tests")
+
+
+load_batch()
