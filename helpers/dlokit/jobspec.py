@@ -180,6 +180,7 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         "ntasks_per_node": layout.tasks_per_node,
         "cpus_per_task": layout.cpus_per_task,
         "time": layout.time_minutes,
+        "signal_delay_s": min(90, max(5, layout.time_seconds // 10)),  # submitit's warning before the limit
         "setup": list(profile.setup) + ([f"module load {shlex.quote(spec.module)}"] if spec.module else []),
     }
     if profile.gres_style == "gpus-per-node":
@@ -208,4 +209,5 @@ def sbatch_preview(spec: JobSpec, profile: Profile, folder: str | Path | None = 
     folder = Path(folder or profile.logs / spec.name)
     python = profile.python or "python"
     command = f"{shlex.quote(python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, profile, layout))
+    script = _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, profile, layout))
+    return f"{script}\n# every task then runs (argv passed as a list, no shell): {spec.command_line}\n"

@@ -1,0 +1,85 @@
+"""Run the course notebooks headless (papermill) and keep the executed notebooks and their plots.
+
+    python -m dlokit.course --out output                       # every day, small parameters
+    python -m dlokit.course --out output notebooks/day1_single_gpu.ipynb -p PROFILE local-slurm
+
+Executed notebooks go to <out>/, every PNG they display to <out>/plots/<notebook>_<n>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb"))
+
+
+def extract_plots(executed: Path, plots_dir: Path) -> list[Path]:
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    notebook = json.loads(executed.read_text())
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            png = output.get("data", {}).get("image/png")
+            if png:
+                path = plots_dir / f"{executed.stem}_{len(written) + 1:02d}.png"
+                path.write_bytes(base64.b64decode(png))
+                written.append(path)
+    return written
+
+
+def run_notebook(notebook: Path, out_dir: Path, parameters: dict, kernel: str = "python3") -> Path:
+    import papermill
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / notebook.name
+    papermill.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+                               cwd=str(notebook.parent), progress_bar=sys.stderr.isatty(), log_output=False)
+    return executed
+
+
+def _parse_parameters(pairs: list[list[str]]) -> dict:
+    parameters = {}
+    for key, value in pairs:
+        try:
+            parameters[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parameters[key] = value
+    return parameters
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dlokit.course", description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/day*.ipynb")
+    parser.add_argument("--out", type=Path, default=REPO / "output")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="notebook parameter (JSON value or string), e.g. -p PROFILE local-slurm")
+    args = parser.parse_args(argv)
+    notebooks = args.notebooks or DEFAULT_NOTEBOOKS
+    parameters = _parse_parameters(args.parameter)
+    failed = []
+    for index, notebook in enumerate(notebooks, 1):
+        start = time.time()
+        print(f"[{index}/{len(notebooks)}] running {notebook.name} ...", flush=True)
+        try:
+            executed = run_notebook(notebook.resolve(), args.out.resolve(), parameters)
+        except Exception as err:  # papermill saves the partly executed notebook; report and go on
+            print(f"    FAILED after {time.time() - start:.0f} s: {str(err).strip().splitlines()[-1]}", flush=True)
+            print(f"    see {args.out / notebook.name}", flush=True)
+            failed.append(notebook.name)
+            continue
+        plots = extract_plots(executed, args.out / "plots")
+        print(f"    done in {time.time() - start:.0f} s -> {executed} ({len(plots)} plots)", flush=True)
+    if failed:
+        print(f"{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"executed notebooks in {args.out}, plots in {args.out / 'plots'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
