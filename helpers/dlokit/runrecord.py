@@ -105,6 +105,7 @@ class RunRecorder:
         header = {
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,
+            "name": os.environ.get("DLOKIT_JOB_NAME"),  # set by the kit's submitter
             "script": script or Path(sys.argv[0]).name,
             "argv": sys.argv[1:],
             "rank": rank,

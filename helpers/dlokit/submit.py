@@ -66,7 +66,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
         executor = _executor(profile, folder, layout, spec)
         python = profile.python or sys.executable
         env = {"DLOKIT_RUNS_DIR": str(profile.runs), "PYTHONUNBUFFERED": "1", **profile.env}
-        tasks = [ScriptTask(s.argv, python, os.getcwd(), {**env, **s.env}) for s, _ in members]
+        tasks = [ScriptTask(s.argv, python, os.getcwd(), {**env, "DLOKIT_JOB_NAME": s.name, **s.env})
+                 for s, _ in members]
         with executor.batch():
             submitted = [executor.submit(task) for task in tasks]
         for (member, member_layout), job in zip(members, submitted):

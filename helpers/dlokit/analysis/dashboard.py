@@ -20,8 +20,18 @@ def _plot_splits(ax, steps):
     x = _column(steps, "step") if "step" in steps else np.arange(len(steps))
     extra = sorted(c for c in steps if c.startswith("t_") and c not in SPLIT_ORDER and c != "t_step")
     present = [s for s in (*SPLIT_ORDER, *extra) if s in steps]
-    ax.stackplot(x, *[_column(steps, s) for s in present], labels=[s[2:] for s in present])
     ax.set(title="step time split", xlabel="step", ylabel="seconds")
+    if not present:
+        ax.text(0.5, 0.5, "no timing splits", ha="center", va="center", transform=ax.transAxes)
+        return
+    series = [_column(steps, s) for s in present]
+    ax.stackplot(x, *series, labels=[s[2:] for s in present])
+    total = np.sum(series, axis=0)
+    typical = float(np.median(total)) if len(total) else 0.0
+    if typical > 0 and total.max() > 3 * typical:
+        ax.set_ylim(0, 1.5 * float(np.quantile(total, 0.9)))
+        ax.text(0.02, 0.97, f"warm-up steps off scale (max {total.max():.3g} s)", fontsize=7,
+                va="top", transform=ax.transAxes)
     ax.legend(fontsize=7, loc="upper right")
 
 
@@ -32,7 +42,8 @@ def _plot_throughput(ax, steps):
             ax.plot(x, _column(steps, name), label=name.split("_")[1])
     ax.set(title="throughput", xlabel="step", ylabel="samples/s")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
 
 
 def _per_rank(run, key):

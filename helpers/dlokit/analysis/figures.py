@@ -1,18 +1,26 @@
-"""Figure plumbing shared by the plots: pyplot-free figures and the 'nothing to plot yet' figure.
+"""Figure plumbing shared by the plots: detached figures and the 'nothing to plot yet' figure.
 
-Figures are built with matplotlib.figure.Figure (no global pyplot state): a notebook shows the
-one a cell returns, and tests can inspect its lines and bars without a display.
+Figures are made by pyplot (which loads the notebook's display backend) and closed at once: a
+notebook shows the figure a cell returns, once, and tests inspect its lines and bars without a display.
 """
 from __future__ import annotations
 
 import base64
 import io
 
+import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 
+def detached_figure(size) -> Figure:
+    """A new figure that pyplot does not keep (no auto-display, no 'too many figures' warning)."""
+    figure = plt.figure(figsize=size, layout="constrained")
+    plt.close(figure)
+    return figure
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, *, size=(7, 4), **kwargs):
-    figure = Figure(figsize=size, layout="constrained")
+    figure = detached_figure(size)
     axes = figure.subplots(nrows, ncols, squeeze=False, **kwargs)
     return figure, axes
 
@@ -21,7 +29,7 @@ def message_figure(lines, title: str | None = None) -> Figure:
     """A figure that says why there is nothing (yet) to plot, e.g. 'run 1234: running or killed'."""
     if isinstance(lines, str):
         lines = [lines]
-    figure = Figure(figsize=(7, 0.6 + 0.35 * max(len(lines), 1)), layout="constrained")
+    figure = detached_figure((7, 0.6 + 0.35 * max(len(lines), 1)))
     ax = figure.add_subplot()
     ax.axis("off")
     ax.text(0.0, 1.0, "\n".join(lines) or "nothing to show", va="top", ha="left",

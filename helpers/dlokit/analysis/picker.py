@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ipywidgets as widgets
-from IPython.display import display
 
 from dlokit.analysis.compare import METRICS, compare_runs
 from dlokit.analysis.run import list_run_ids, load_runs
@@ -66,14 +65,13 @@ class RunPicker(widgets.VBox):
         self.show()
 
     def show(self) -> None:
-        self.output.clear_output(wait=True)
+        self.output.outputs = ()
         if not self.runs.value:
             self.comparison = None
             return
         selected = [r for r in self._all if r.run_id in self.runs.value]
         self.comparison = compare_runs(selected, self.metric.value, baseline=self.baseline.value)
-        with self.output:
-            display(self.comparison)
+        self.output.append_display_data(self.comparison)
 
 
 def run_picker(runs_dir=None, metric: str = "throughput_train") -> RunPicker:

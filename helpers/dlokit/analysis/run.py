@@ -121,6 +121,15 @@ def _resolve(run_id_or_path, runs_dir) -> Path:
     return path.parent if path.name.startswith("rank") and (path / "run.json").exists() else path
 
 
+def _sanitised(record: dict) -> dict:
+    """Keep only JSON objects, so that a corrupted file reads as a partial run rather than an error."""
+    for key in ("run", "summary"):
+        if not isinstance(record.get(key), dict):
+            record[key] = None
+    record["metrics"] = [m for m in record.get("metrics") or [] if isinstance(m, dict)]
+    return record
+
+
 def load_run(run_id_or_path, runs_dir=None) -> Run:
     """A run by job id (looked up in runs_dir, default $DLOKIT_RUNS_DIR or ./runs) or by folder path."""
     if isinstance(run_id_or_path, Run):
@@ -130,7 +139,7 @@ def load_run(run_id_or_path, runs_dir=None) -> Run:
     for folder in sorted(path.glob("rank*")) if path.is_dir() else []:
         suffix = folder.name[4:]
         if folder.is_dir() and suffix.isdigit():
-            ranks[int(suffix)] = read_rank(folder)
+            ranks[int(suffix)] = _sanitised(read_rank(folder))
     return Run(run_id=path.name, path=path, ranks=ranks)
 
 

@@ -1,0 +1,302 @@
+"""Analysis helpers on real run records (written by RunRecorder) and a real torch.profiler trace."""
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest
+import torch
+
+from dlokit import analysis
+from dlokit.analysis.profiler import CATEGORIES
+from dlokit.runrecord import RunRecorder
+
+
+def figure_texts(figure):
+    texts = [t.get_text() for t in figure.texts]
+    if figure._suptitle is not None:
+        texts.append(figure._suptitle.get_text())
+    for ax in figure.axes:
+        texts += [t.get_text() for t in ax.texts] + [ax.get_title()]
+    return "\n".join(texts)
+
+
+def line(figure, label=None, marker=None, ax=0):
+    for candidate in figure.axes[ax].lines:
+        if (label is None or candidate.get_label() == label) and (marker is None or candidate.get_marker() == marker):
+            return candidate
+    raise AssertionError(f"no line label={label} marker={marker}")
+
+
+def log_steps(recorder, n, batch, t_data=0.01, t_step=0.05, world_size=1, mem=None, epoch_size=5):
+    for step in range(1, n + 1):
+        fields = dict(epoch=(step - 1) // epoch_size, step=step, lr=0.1 * step / n, loss=2.0 / step,
+                      acc=min(1.0, step / n), batch_size=batch * world_size, t_data=t_data, t_h2d=0.001,
+                      t_forward=t_step * 0.3, t_backward=t_step * 0.6, t_optimizer=t_step * 0.1 - 0.001,
+                      t_step=t_step, throughput_train=batch * world_size / (t_data + t_step),
+                      throughput_compute=batch * world_size / t_step)
+        if mem is not None:
+            fields["gpu_mem_mb"] = mem
+        recorder.log("step", **fields)
+        if step % epoch_size == 0:
+            epoch = (step - 1) // epoch_size
+            recorder.log("epoch", epoch=epoch, train_loss=2.0 / step, train_acc=step / n, epoch_time_s=1.0,
+                         throughput_train=fields["throughput_train"])
+            recorder.log("val", epoch=epoch, step=step, val_loss=2.5 / step, val_acc=0.5 * step / n, val_acc5=0.9)
+
+
+def write_run(runs_dir, run_id, *, batch=32, steps=10, world_size=1, t_data=0.01, t_step=0.05, mem=None,
+              energy=None, finish=True, **config):
+    config = {"batch_size": batch, "model": "tiny", "amp": False, "channels_last": False, "num_workers": 0,
+              **config}
+    for rank in range(world_size):
+        recorder = RunRecorder(config, rank=rank, world_size=world_size, run_id=run_id, runs_dir=runs_dir,
+                               script="train_tiny.py")
+        log_steps(recorder, steps, batch, t_data, t_step, world_size, mem)
+        if not finish:
+            recorder._metrics.close()
+            continue
+        recorder.finish(steps=steps, epochs=steps // 5, first_step_load_s=0.2, t_data=t_data, t_step=t_step,
+                        throughput_train=batch * world_size / (t_data + t_step),
+                        throughput_compute=batch * world_size / t_step, gpu_mem_peak_mb=mem,
+                        host_rss_peak_mb=500.0 + rank, energy_j=energy, peak_power_w=energy and 300.0,
+                        val_acc=0.5, best_val_acc=0.5)
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for run_id, batch in (("1001", 32), ("1002", 64), ("1003", 128)):
+        write_run(root, run_id, batch=batch, mem=1000.0 + 3.0 * batch, energy=100.0 + batch, name=f"bs{batch}")
+    with pytest.raises(torch.OutOfMemoryError):
+        with RunRecorder({"batch_size": 256, "model": "tiny"}, run_id="1004", runs_dir=root) as recorder:
+            log_steps(recorder, 1, 256, mem=1800.0)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    write_run(root, "1005", steps=12, finish=False, name="still-going")
+    write_run(root, "1006", steps=7, finish=False)
+    with open(root / "1006" / "rank0" / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind": "step", "epoch": 1, "step": 8, "lo')
+    return root
+
+
+@pytest.fixture(scope="module")
+def loader_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader")
+    trials = ((0, False, False, None, False, 0.40), (4, True, True, 2, True, 0.002), (2, True, False, 2, False, 0.05))
+    for index, (workers, pin, non_blocking, prefetch, persistent, t_data) in enumerate(trials):
+        write_run(root, f"20{index}", num_workers=workers, pin_memory=pin, non_blocking=non_blocking,
+                  prefetch_factor=prefetch, persistent_workers=persistent, t_data=t_data)
+    return root
+
+
+@pytest.fixture(scope="module")
+def scaling_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scaling")
+    for world_size, t_step in ((1, 0.05), (2, 0.055), (4, 0.0625)):
+        write_run(root, f"30{world_size}", world_size=world_size, t_data=0.0, t_step=t_step, steps=5)
+    write_run(root, "399", world_size=8, finish=False, steps=0)
+    return root
+
+
+def test_load_run_states(runs_dir):
+    assert analysis.load_run("1001", runs_dir).state == "completed"
+    failed = analysis.load_run("1004", runs_dir)
+    assert failed.state == "failed" and failed.oom and "OutOfMemoryError" in failed.error
+    running = analysis.load_run("1005", runs_dir)
+    assert running.state == "running or killed" and not running.truncated
+    assert running.describe_state() == "run 1005 (still-going): running or killed, 12 steps so far"
+    killed = analysis.load_run(runs_dir / "1006")
+    assert killed.truncated and len(killed.steps) == 7
+    missing = analysis.load_run("9999", runs_dir)
+    assert missing.state == "missing" and missing.metrics.empty and missing.steps.empty
+    assert analysis.list_run_ids(runs_dir) == [f"100{i}" for i in range(1, 7)]
+
+
+def test_runs_table_rows(runs_dir):
+    table = analysis.runs_table(runs_dir=runs_dir).set_index("run_id")
+    assert list(table.index) == [f"100{i}" for i in range(1, 7)]
+    assert table.loc["1002", "batch_size"] == 64 and table.loc["1002", "name"] == "bs64"
+    assert table.loc["1002", "throughput_train"] == pytest.approx(64 / 0.06)
+    assert table.loc["1003", "gpu_mem_peak_mb"] == 1384.0 and table.loc["1003", "energy_j"] == 228.0
+    assert table.loc["1004", "state"] == "failed" and table.loc["1004", "oom"]
+    assert table.loc["1005", "throughput_train"] == pytest.approx(32 / 0.06)
+    assert table.loc["1005", "steps"] == 12 and table.loc["1005", "val_acc"] == pytest.approx(0.5 * 10 / 12)
+    assert table.loc["1006", "truncated"] and table.loc["1006", "steps"] == 7
+
+
+def test_runs_table_with_missing_run(runs_dir):
+    table = analysis.runs_table(["1001", "nope"], runs_dir=runs_dir)
+    assert list(table["state"]) == ["completed", "missing"]
+
+
+def test_dashboard_complete_and_partial(runs_dir):
+    figure = analysis.dashboard("1003", runs_dir)
+    assert len(figure.axes) == 4
+    assert "run 1003 (bs128): completed, 10 steps" in figure_texts(figure)
+    throughput = line(figure, label="train", ax=1)
+    assert list(throughput.get_xdata()) == list(range(1, 11))
+    assert [p.get_height() for p in figure.axes[2].patches] == [1384.0, 500.0]
+    assert "running or killed, 12 steps so far" in figure_texts(analysis.dashboard("1005", runs_dir))
+    assert "truncated" in figure_texts(analysis.dashboard("1006", runs_dir))
+    assert "missing" in figure_texts(analysis.dashboard("4242", runs_dir))
+
+
+def test_compare_runs_ratios_and_notes(runs_dir):
+    table, figure = analysis.compare_runs(["1001", "1003", "1004", "4242"], baseline="1003", runs_dir=runs_dir)
+    ratios = dict(zip(table["run_id"], table["ratio"]))
+    assert ratios["1003"] == pytest.approx(1.0) and ratios["1001"] == pytest.approx(0.25)
+    assert [p.get_height() for p in figure.axes[0].patches][:2] == pytest.approx([32 / 0.06, 128 / 0.06])
+    assert "run 4242: missing" in figure_texts(figure)
+    assert "<img" in analysis.compare_runs(["1001"], runs_dir=runs_dir)._repr_html_()
+    with pytest.raises(ValueError, match="unknown metric"):
+        analysis.compare_runs(["1001"], metric="speed", runs_dir=runs_dir)
+
+
+def test_run_picker_filters_and_compares(runs_dir):
+    picker = analysis.run_picker(runs_dir)
+    assert len(picker.runs.options) == 6
+    picker.filter.value = "still"
+    assert [v for _, v in picker.runs.options] == ["1005"]
+    picker.filter.value = "bs64"
+    assert [v for _, v in picker.runs.options] == ["1002"]
+    picker.filter.value = ""
+    picker.runs.value = ("1001", "1002")
+    picker.baseline.value = "1002"
+    picker.metric.value = "gpu_mem_peak_mb"
+    assert list(picker.comparison.table["ratio"]) == pytest.approx([1096 / 1192, 1.0])
+    assert "gpu_mem_peak_mb" in picker.output.outputs[-1]["data"]["text/html"]
+    picker.runs.value = ()
+    assert picker.output.outputs == () and picker.comparison is None
+
+
+def test_memory_vs_batch_fit_and_oom(runs_dir):
+    table = analysis.memory_table(analysis.load_runs(None, runs_dir))
+    fit = analysis.memory_fit(table)
+    assert fit["model_mb"] == pytest.approx(1000.0) and fit["activation_mb_per_sample"] == pytest.approx(3.0)
+    figure = analysis.memory_vs_batch(None, runs_dir)
+    assert list(line(figure, label="peak memory").get_xdata()) == [32, 64, 128]
+    oom = line(figure, label="out of memory")
+    assert list(oom.get_xdata()) == [256] and oom.get_ydata()[0] == pytest.approx(1768.0)
+    assert "run 1006: running or killed" in figure_texts(figure)
+
+
+def test_dataloader_trials_sorted_by_load_time(loader_runs):
+    trials = analysis.dataloader_trials(None, loader_runs)
+    assert list(trials["workers"]) == [4, 2, 0]
+    assert list(trials["load_s_per_step"]) == pytest.approx([0.002, 0.05, 0.40])
+    assert trials.iloc[0][["pin_memory", "non_blocking", "prefetch_factor", "persistent_workers"]].tolist() == \
+        [True, True, 2, True]
+    assert trials["host_rss_peak_mb"].notna().all()
+
+
+def test_scaling_plot_speedup_and_efficiency(scaling_runs):
+    table = analysis.scaling_table(None, scaling_runs)
+    assert list(table["world_size"]) == [1, 2, 4]
+    assert list(table["speedup"]) == pytest.approx([1.0, 2 * 0.05 / 0.055, 4 * 0.05 / 0.0625])
+    figure = analysis.scaling_plot(None, scaling_runs)
+    assert list(line(figure, label="ideal").get_ydata()) == [1.0, 2.0, 4.0]
+    assert line(figure, marker="o", ax=1).get_ydata()[-1] == pytest.approx(80.0)
+    assert "run 399: running or killed" in figure_texts(figure)
+
+
+def test_training_curves(runs_dir):
+    figure = analysis.training_curves(["1001", "1005", "4242"], runs_dir)
+    loss = line(figure, label="1001 (bs32) train")
+    assert list(loss.get_xdata()) == list(range(1, 11)) and loss.get_ydata()[1] == pytest.approx(1.0)
+    assert list(line(figure, label="1001 (bs32) val", ax=1).get_ydata()) == pytest.approx([0.25, 0.5])
+    assert list(line(figure, label="1001 (bs32) train/epoch", ax=1).get_xdata()) == [5, 10]
+    assert line(figure, label="1005 (still-going)", ax=2).get_ydata()[-1] == pytest.approx(0.1)
+    assert "run 4242: missing" in figure_texts(figure)
+    assert "missing" in figure_texts(analysis.training_curves(["4242"], runs_dir))
+
+
+def profile_tiny_loop(folder, batch_size, steps=3, worker=None):
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+    data = torch.utils.data.TensorDataset(torch.randn(512, 64), torch.randint(0, 10, (512,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=batch_size)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=worker)) as profiler:
+        for index, (x, y) in enumerate(loader):
+            with record_function("forward"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+            if index == steps + 2:
+                break
+
+
+def test_profiler_breakdown_of_real_cpu_trace(tmp_path):
+    profile_tiny_loop(tmp_path / "small", 8)
+    profile_tiny_loop(tmp_path / "large", 128)
+    small = analysis.profiler_breakdown(tmp_path / "small")
+    assert list(small.index) == list(CATEGORIES) and small.attrs["steps"] == 3
+    assert small.loc[["Kernel", "Memcpy", "Memset", "Runtime"], "ms_per_step"].sum() == 0
+    assert small.loc["DataLoader", "ms_per_step"] > 0 and small.loc["CPU Exec", "ms_per_step"] > 0
+    assert small["percent"].sum() == pytest.approx(100.0)
+    assert small["ms_per_step"].sum() == pytest.approx(small.attrs["step_ms"])
+    large = analysis.profiler_breakdown(analysis.trace_files(tmp_path / "large")[0])
+    assert large.attrs["step_ms"] > 0
+    figure = analysis.breakdown_pie([small, large], titles=["batch 8", "batch 128"])
+    assert len(figure.axes) == 2 and "batch 128" in figure.axes[1].get_title()
+    wedges = [p.get_label() for p in figure.axes[0].patches]
+    assert "CPU Exec" in wedges and "Kernel" not in wedges
+    assert "no Chrome-trace" in figure_texts(analysis.breakdown_pie(tmp_path / "empty-folder"))
+
+
+def test_profiler_breakdown_of_a_run_folder(tmp_path):
+    write_run(tmp_path, "77", steps=3)
+    profile_tiny_loop(tmp_path / "77" / "profile", 16, worker="rank0")
+    table = analysis.profiler_breakdown(analysis.load_run("77", tmp_path), rank=0)
+    assert table.attrs["trace"].endswith(".pt.trace.json") and "rank0." in table.attrs["trace"]
+    with pytest.raises(FileNotFoundError):
+        analysis.profiler_breakdown(tmp_path / "77", rank=1)
+
+
+def test_breakdown_prioritises_device_over_host():
+    from dlokit.analysis.profiler import _breakdown_events
+
+    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100},
+              {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 50},
+              {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 20, "dur": 10},
+              {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 25, "dur": 40},
+              {"ph": "X", "name": "Memcpy HtoD", "cat": "gpu_memcpy", "ts": 90, "dur": 20}]
+    totals, steps, span = _breakdown_events(events)
+    assert (steps, span) == (1, 110)
+    assert totals == {"Kernel": 40, "Memcpy": 20, "Memset": 0, "Runtime": 5, "DataLoader": 0,
+                      "CPU Exec": 10, "Other": 35}
+
+
+@pytest.fixture(scope="module")
+def odd_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("odd")
+    write_run(root, "empty-running", steps=0, finish=False)
+    with pytest.raises(RuntimeError):
+        with RunRecorder({"batch_size": 8}, run_id="failed-at-start", runs_dir=root):
+            raise RuntimeError("CUDA error: device-side assert triggered")
+    garbage = root / "garbage" / "rank0"
+    garbage.mkdir(parents=True)
+    (garbage / "run.json").write_text("[1, 2]")
+    (garbage / "summary.json").write_text("{not json")
+    (garbage / "metrics.jsonl").write_text('42\n"text"\n{"kind": "step", "step": "x", "loss": null}\n{"kind"')
+    write_run(root, "half-the-ranks", world_size=2, steps=4)
+    for name in ("metrics.jsonl", "run.json"):
+        (root / "half-the-ranks" / "rank1" / name).unlink()
+    (root / "half-the-ranks" / "rank1" / "summary.json").unlink()
+    return root
+
+
+@pytest.mark.parametrize("helper", ["dashboard", "training_curves", "memory_vs_batch", "scaling_plot",
+                                    "compare_runs", "runs_table", "dataloader_trials"])
+@pytest.mark.parametrize("run_id", ["empty-running", "failed-at-start", "garbage", "half-the-ranks", "absent"])
+def test_every_helper_survives_partial_runs(odd_runs, helper, run_id):
+    function = getattr(analysis, helper)
+    runs = analysis.load_run(run_id, odd_runs) if helper == "dashboard" else [analysis.load_run(run_id, odd_runs)]
+    result = function(runs) if helper != "dashboard" else function(runs)
+    assert result is not None
+    state = analysis.load_run(run_id, odd_runs).state
+    assert state == {"empty-running": "running or killed", "failed-at-start": "failed", "garbage": "running or killed",
+                     "half-the-ranks": "running or killed", "absent": "missing"}[run_id]

@@ -1,0 +1,205 @@
+"""Student material generated from marked solution files: markers, build, check, compare."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dlokit.material import MarkerError, build, compare, find_solution, solution_version, stale, student_version
+
+REPO = Path(__file__).resolve().parents[1]
+
+TRAIN = textwrap.dedent('''\
+    #!/usr/bin/env python
+    """Tiny training step."""
+    import torch
+
+
+    def step(model, images, device, amp_dtype=None):
+        images = images.to(device)
+        # >>> SOLUTION TP1.2: run the forward pass under autocast
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = model(images)
+        # --- STUDENT
+        # logits = model(images)
+        # <<< SOLUTION
+        return logits
+
+
+    def to_channels_last(model):
+        # >>> SOLUTION TP1.3: convert the model to channels_last
+        model = model.to(memory_format=torch.channels_last)
+        # <<< SOLUTION
+        return model
+
+
+    def init(backend):
+        if backend:
+            # >>> SOLUTION TP2.1
+            torch.distributed.init_process_group(backend)
+            # <<< SOLUTION
+        return backend
+    ''')
+
+
+def dedent(text):
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def test_student_version_replaces_blocks():
+    student = student_version(TRAIN)
+    assert "    # TODO TP1.2: run the forward pass under autocast\n    logits = model(images)\n" in student
+    assert "autocast(" not in student and ">>>" not in student and "STUDENT" not in student
+    assert "    # TODO TP1.3: convert the model to channels_last\n    return model" in student
+    assert "        # TODO TP2.1\n        pass\n    return backend" in student
+    compile(student, "student.py", "exec")
+
+
+def test_solution_version_drops_markers_and_student_lines():
+    solution = solution_version(TRAIN)
+    assert "with torch.autocast(" in solution and "# logits = model(images)" not in solution
+    assert ">>>" not in solution and "<<<" not in solution
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("# >>> SOLUTION: no label\nx = 1\n# <<< SOLUTION\n", "# TODO: no label\n"),
+    ("# >>> SOLUTION\nx = 1\n# <<< SOLUTION\n", "# TODO\n"),
+    ("#>>>SOLUTION TP3: tight: colons kept\nx = 1\n#<<<SOLUTION\n", "# TODO TP3: tight: colons kept\n"),
+    ("x = 0\n# >>> SOLUTION T\nx = 1\n# --- STUDENT\n# if x:\n#     x = 2\n#\n# x += 1\n# <<< SOLUTION\n",
+     "x = 0\n# TODO T\nif x:\n    x = 2\n\nx += 1\n"),
+    ("def f():\n    # >>> SOLUTION T\n    return 1\n    # --- STUDENT\n    # # a hint only\n    # <<< SOLUTION\n",
+     "def f():\n    # TODO T\n    # a hint only\n    pass\n"),
+    ("def f():\n    '''doc'''\n    # >>> SOLUTION T\n    return 1\n    # <<< SOLUTION\n",
+     "def f():\n    '''doc'''\n    # TODO T\n"),
+    ("# >>> SOLUTIONS are not markers\nx = 1\n", "# >>> SOLUTIONS are not markers\nx = 1\n"),
+    ("a = 1\r\n# >>> SOLUTION T\r\nb = 2\r\n# <<< SOLUTION", "a = 1\n# TODO T"),
+])
+def test_marker_edge_cases(source, expected):
+    assert student_version(source) == expected
+
+
+@pytest.mark.parametrize("source, line, message", [
+    ("x = 1\n# >>> SOLUTION A\ny = 2\n", 2, "never closed"),
+    ("x = 1\n# <<< SOLUTION\n", 2, "without an opening"),
+    ("# >>> SOLUTION A\n# >>> SOLUTION B\n# <<< SOLUTION\n", 2, "inside the block opened at line 1"),
+    ("# --- STUDENT\n", 1, "outside"),
+    ("# >>> SOLUTION A\n# --- STUDENT\n# a\n# --- STUDENT\n# <<< SOLUTION\n", 4, "second"),
+    ("# >>> SOLUTION A\nx = 1\n# --- STUDENT\nx = 2\n# <<< SOLUTION\n", 4, "commented out"),
+])
+def test_unbalanced_markers_name_file_and_line(source, line, message):
+    with pytest.raises(MarkerError, match=message) as caught:
+        student_version(source, "tp.py")
+    assert caught.value.line == line and str(caught.value).startswith(f"tp.py:{line}: ")
+
+
+def notebook(*cells):
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": kind, "metadata": {"tags": tags}, "source": source,
+         **({"outputs": [{"output_type": "stream", "name": "stdout", "text": "42"}], "execution_count": 3}
+            if kind == "code" else {})}
+        for kind, source, tags in cells]}, indent=1)
+
+
+@pytest.fixture
+def course(tmp_path):
+    solutions = tmp_path / "tp_scripts" / "solutions"
+    (solutions / "lib").mkdir(parents=True)
+    (solutions / "train.py").write_text(TRAIN)
+    (solutions / "lib" / "plain.py").write_text("VALUE = 1\n")
+    (solutions / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (solutions / "run.sh").chmod(0o755)
+    (solutions / "tp1.ipynb").write_text(notebook(
+        ("markdown", "# TP1", []),
+        ("code", "%matplotlib inline\n# >>> SOLUTION TP1.1: pick a batch size\nbatch = 256\n"
+                 "# --- STUDENT\n# batch = ...\n# <<< SOLUTION", []),
+        ("code", "# measure the step time\nresult = batch * 2\n# --- STUDENT\n# result = None", ["solution"]),
+        ("code", "print(batch)", [])))
+    (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
+    (tmp_path / "notebooks" / "solutions" / "day1.ipynb").write_text(notebook(
+        ("code", "x = 1\n# >>> SOLUTION TP1.0: double it\nx *= 2\n# <<< SOLUTION", [])))
+    return tmp_path, solutions, tmp_path / "tp_scripts"
+
+
+def test_build_writes_student_tree(course):
+    root, solutions, out = course
+    written = build(solutions, out)
+    assert sorted(p.relative_to(out).as_posix() for p in written) == ["lib/plain.py", "run.sh", "tp1.ipynb", "train.py"]
+    train = (out / "train.py").read_text().splitlines()
+    assert train[0] == "#!/usr/bin/env python"
+    assert train[1] == "# Generated by `python -m dlokit.material build` from solutions/train.py: edit that file, not this one."
+    assert "    # TODO TP1.2: run the forward pass under autocast" in train
+    assert (out / "lib" / "plain.py").read_text().endswith("from ../solutions/lib/plain.py: edit that file, not this one.\nVALUE = 1\n")
+    assert (out / "run.sh").read_text() == "#!/bin/sh\necho hi\n" and (out / "run.sh").stat().st_mode & 0o111
+    cells = json.loads((out / "tp1.ipynb").read_text())["cells"]
+    assert cells[1]["source"] == "%matplotlib inline\n# TODO TP1.1: pick a batch size\nbatch = ..."
+    assert cells[1]["outputs"] == [] and cells[1]["execution_count"] is None
+    assert cells[2]["source"] == "# TODO: measure the step time\nresult = None"
+    assert cells[3]["outputs"] and cells[3]["source"] == "print(batch)"
+    assert "solutions/tp1.ipynb" in json.loads((out / "tp1.ipynb").read_text())["metadata"]["dlokit"]["generated"]
+    for path in out.rglob("*.py"):
+        compile(path.read_text(), str(path), "exec")
+    assert build(solutions, out) == [] and stale(solutions, out) == []
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dlokit.material", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_check_detects_stale_missing_and_orphan_files(course):
+    root, solutions, out = course
+    assert run_cli("check", cwd=root).returncode == 1
+    built = run_cli("build", cwd=root)
+    assert built.returncode == 0, built.stderr
+    day1 = json.loads((root / "notebooks" / "day1.ipynb").read_text())
+    assert day1["cells"][0]["source"] == "x = 1\n# TODO TP1.0: double it"
+    assert run_cli("check", cwd=root).returncode == 0
+    (solutions / "train.py").write_text(TRAIN.replace("return logits", "return logits.float()"))
+    (solutions / "lib" / "plain.py").rename(solutions / "lib" / "renamed.py")
+    checked = run_cli("check", "--solutions", "tp_scripts/solutions", "--out", "tp_scripts", cwd=root)
+    assert checked.returncode == 1
+    assert "stale: tp_scripts/train.py" in checked.stdout
+    assert "missing: tp_scripts/lib/renamed.py" in checked.stdout
+    assert "orphan: tp_scripts/lib/plain.py" in checked.stdout
+    run_cli("build", cwd=root)
+    assert not (out / "lib" / "plain.py").exists() and run_cli("check", cwd=root).returncode == 0
+
+
+def test_build_reports_unbalanced_marker_and_writes_nothing(course):
+    root, solutions, out = course
+    (solutions / "broken.py").write_text("x = 1\n\n# >>> SOLUTION TP9: never closed\ny = 2\n")
+    result = run_cli("build", cwd=root)
+    assert result.returncode == 2 and "tp_scripts/solutions/broken.py:3: '>>> SOLUTION' never closed" in result.stderr
+    assert not (out / "train.py").exists()
+
+
+def test_build_refuses_code_that_does_not_compile(course):
+    root, solutions, out = course
+    (solutions / "bad.py").write_text("if True:\n    # >>> SOLUTION T\n    x = 1\n    # --- STUDENT\n    # x = (\n    # <<< SOLUTION\n")
+    result = run_cli("build", cwd=root)
+    assert result.returncode == 2 and "bad.py:" in result.stderr and "does not compile" in result.stderr
+    assert not (out / "train.py").exists()
+
+
+def test_compare_finds_solution_and_shows_what_is_left(course):
+    root, solutions, out = course
+    build(solutions, out)
+    assert find_solution(out / "lib" / "plain.py") == (solutions / "lib" / "plain.py").resolve()
+    diff = compare(out / "train.py")
+    assert "+    with torch.autocast(device.type" in diff and "-    logits = model(images)" in diff
+    assert "Generated by" not in diff and ">>> SOLUTION" not in diff
+    assert compare(out / "lib" / "plain.py") == ""
+    html = compare(out / "tp1.ipynb", html=True).data
+    assert "<table" in html and "batch&nbsp;=&nbsp;256" in html
+    cli = run_cli("compare", "tp_scripts/train.py", cwd=root)
+    assert cli.returncode == 0 and "+    model = model.to(memory_format=torch.channels_last)" in cli.stdout
+    with pytest.raises(FileNotFoundError):
+        find_solution(root / "elsewhere.py")
+
+
+@pytest.mark.skipif(not (REPO / "tp_scripts" / "solutions").is_dir() and not (REPO / "notebooks" / "solutions").is_dir(),
+                    reason="no solution material in the repository yet")
+def test_repository_student_material_is_up_to_date():
+    result = run_cli("check", cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
