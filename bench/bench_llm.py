@@ -1,0 +1,123 @@
+"""Day-4 benchmark: tokens/s and MFU of train_llm.py under each parallelism, in one table.
+
+    python bench/bench_llm.py                 # CPU: tiny config, 2 gloo processes per mode (~1 min)
+    python bench/bench_llm.py --gpu           # every visible GPU: ~1B config in bf16, FSDP2 variants
+
+The GPU path has not been run on a GPU yet (none was available when it was written): it only
+composes options that the CPU tests exercise, plus --compile and bf16 on CUDA.
+Each row is one launch of train_llm.py; the numbers come from its run record (rank 0 summary,
+warm-up steps excluded). A run that runs out of memory shows as "OOM".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tp_scripts" / "solutions" / "llm" / "train_llm.py"
+
+CPU_ROWS = [  # (label, processes, options)
+    ("single", 1, ["--mode", "single"]),
+    ("ddp", 2, ["--mode", "ddp"]),
+    ("fsdp", 2, ["--mode", "fsdp"]),
+    ("fsdp +AC", 2, ["--mode", "fsdp", "--activation-checkpointing"]),
+    ("tp-scratch", 2, ["--mode", "tp-scratch"]),
+    ("tp (DTensor)", 2, ["--mode", "tp"]),
+    ("pp naive", 2, ["--mode", "pp", "--pp-schedule", "naive"]),
+    ("pp gpipe m=4", 2, ["--mode", "pp", "--pp-schedule", "gpipe", "--microbatches", "4"]),
+    ("pp 1f1b m=8", 2, ["--mode", "pp", "--pp-schedule", "1f1b", "--microbatches", "8"]),
+]
+
+
+def gpu_rows(n_gpus: int):
+    if n_gpus == 1:  # nothing to shard over: compile and checkpointing on one device
+        return [("single bf16", 1, ["--mode", "single"]),
+                ("single bf16 +compile", 1, ["--mode", "single", "--compile"]),
+                ("single bf16 +AC", 1, ["--mode", "single", "--activation-checkpointing"]),
+                ("single bf16 +AC +compile", 1, ["--mode", "single", "--activation-checkpointing", "--compile"])]
+    fsdp = ["--mode", "fsdp", "--meta-init"]
+    return [
+        ("ddp bf16-autocast", n_gpus, ["--mode", "ddp"]),
+        ("fsdp bf16", n_gpus, fsdp),
+        ("fsdp bf16 no-reshard", n_gpus, fsdp + ["--no-reshard-after-forward"]),
+        ("fsdp bf16 +compile", n_gpus, fsdp + ["--compile"]),
+        ("fsdp bf16 +AC", n_gpus, fsdp + ["--activation-checkpointing"]),
+        ("fsdp bf16 +AC +compile", n_gpus, fsdp + ["--activation-checkpointing", "--compile"]),
+    ]
+
+
+def run_one(label, nproc, options, common, runs_dir, timeout):
+    run_id = f"bench-{int(time.time())}-{label.replace(' ', '_').replace('+', '').replace('=', '')}"
+    env = {**os.environ, "DLOKIT_RUN_ID": run_id}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    launcher = ([sys.executable] if nproc == 1 else
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"])
+    started = time.time()
+    result = subprocess.run(launcher + [str(SCRIPT), *options, *common, "--runs-dir", str(runs_dir)],
+                            env=env, capture_output=True, text=True, timeout=timeout)
+    summary_path = runs_dir / run_id / "rank0" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if result.returncode not in (0, 3):
+        summary.setdefault("status", f"failed rc={result.returncode}")
+        print(result.stderr[-2000:], file=sys.stderr)
+    summary["wall_s"] = time.time() - started
+    return summary
+
+
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gpu", action="store_true")
+    p.add_argument("--config", default=None, help="default: tiny on CPU, 1b on GPU")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="global batch in sequences")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench_llm"))
+    args = p.parse_args()
+
+    if args.gpu:
+        import torch
+        n_gpus = torch.cuda.device_count()
+        if n_gpus == 0:
+            sys.exit("bench_llm.py --gpu: no GPU visible")
+        rows = gpu_rows(n_gpus)
+        common = ["--config", args.config or "1b", "--dtype", "bf16", "--steps", str(args.steps or 12),
+                  "--warmup", "4", "--batch-size", str(args.batch_size or 4 * n_gpus),
+                  "--seq-len", str(args.seq_len or 2048)]
+        timeout = 900
+    else:
+        rows = CPU_ROWS
+        common = ["--config", args.config or "tiny", "--steps", str(args.steps or 10), "--warmup", "3",
+                  "--batch-size", str(args.batch_size or 16), "--seq-len", str(args.seq_len or 64)]
+        timeout = 300
+    runs_dir = Path(args.runs_dir)
+    print(f"train_llm.py {' '.join(common)}")
+    header = f"{'mode':<26}{'procs':>6}{'tokens/s':>12}{'MFU':>8}{'t_step ms':>11}{'mem MiB/rank':>14}{'comm ms':>9}{'bubble meas/theory':>20}  status"
+    print(header)
+    print("-" * len(header))
+    for label, nproc, options in rows:
+        s = run_one(label, nproc, options, common, runs_dir, timeout)
+        memory = s.get("gpu_mem_peak_mb") or s.get("host_rss_peak_mb")
+        bubble = (f"{s['pp_bubble_measured']:.2f}/{s['pp_bubble_theory']:.2f}"
+                  if s.get("pp_bubble_measured") is not None else "-")
+        comm = s.get("comm_s") or s.get("comm_probe_s")
+        status = "OOM" if s.get("status") == "oom" else s.get("status", "?")
+        print(f"{label:<26}{nproc:>6}{fmt(s.get('tokens_per_s'), ',.0f'):>12}"
+              f"{fmt(s.get('mfu') and 100 * s['mfu'], '.1f'):>8}{fmt(s.get('t_step') and 1000 * s['t_step'], '.1f'):>11}"
+              f"{fmt(memory, ',.0f'):>14}{fmt(comm and 1000 * comm, '.2f'):>9}{bubble:>20}  {status}", flush=True)
+    print("MFU: % of the GPU's dense bf16 peak (blank on CPU). mem: peak allocated GPU memory, or peak host RSS on "
+          "CPU. comm: tp-scratch's measured all-reduce time per step; for ddp, one all-reduce of all gradients "
+          "timed alone. bubble: (pipeline step time / (m x slowest stage's micro-batch compute)) - 1 vs (p-1)/(v m).")
+
+
+if __name__ == "__main__":
+    main()
