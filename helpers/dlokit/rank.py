@@ -42,20 +42,24 @@ class DistEnv:
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
-    """Expand a Slurm host list such as ``node[01-03,07],gpu5`` into host names."""
+    """Expand a Slurm host list such as ``node[01-03,07],gpu5`` or ``r[1-2]n[0-1]`` into host names."""
     hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        match = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
-        if not match:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            width = len(low)
-            for number in range(int(low), int(high or low) + 1):
-                hosts.append(f"{prefix}{number:0{width}d}{suffix}")
+    for part in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
+        hosts.extend(_expand_one(part))
     return hosts
+
+
+def _expand_one(name: str) -> list[str]:
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", name)
+    if not match:
+        return [name]
+    prefix, ranges, rest = match.groups()
+    expanded = []
+    for item in ranges.split(","):
+        low, _, high = item.partition("-")
+        for number in range(int(low), int(high or low) + 1):
+            expanded += [f"{prefix}{number:0{len(low)}d}{tail}" for tail in _expand_one(rest)]
+    return expanded
 
 
 def _port_from_job_id(job_id: str | None) -> int:

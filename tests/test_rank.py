@@ -1,0 +1,48 @@
+"""The rank bootstrap reads torchrun, Slurm or nothing, and agrees with idr_torch's names."""
+import pytest
+
+from dlokit import rank
+
+
+@pytest.mark.parametrize("nodelist,hosts", [
+    ("node1", ["node1"]),
+    ("node[01-03]", ["node01", "node02", "node03"]),
+    ("gpu[1,4-5],login2", ["gpu1", "gpu4", "gpu5", "login2"]),
+    ("r[8-9]i1n[0-1]", ["r8i1n0", "r8i1n1", "r9i1n0", "r9i1n1"]),
+    ("a[1-2],b[3],c", ["a1", "a2", "b3", "c"]),
+])
+def test_expand_hostlist(nodelist, hosts):
+    assert rank.expand_hostlist(nodelist) == hosts
+
+
+def test_single_process_without_any_launcher():
+    env = rank.detect({})
+    assert (env.rank, env.world_size, env.source, env.distributed) == (0, 1, "single", False)
+
+
+def test_torchrun_variables():
+    env = rank.detect({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                       "MASTER_ADDR": "n1", "MASTER_PORT": "1234"})
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port) == (3, 1, 4, "n1", 1234)
+    assert env.source == "torchrun"
+
+
+def test_slurm_srun_task():
+    env = rank.detect({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8",
+                       "SLURM_STEP_NUM_TASKS": "8", "SLURM_JOB_ID": "424242", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+                       "SLURM_STEP_NODELIST": "jz[010-011]", "SLURM_CPUS_PER_TASK": "10"})
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (5, 1, 8, 4)
+    assert env.master_addr == "jz010" and env.hostnames == ("jz010", "jz011")
+    assert env.master_port == 20000 + 424242 % 20000 and env.cpus_per_task == 10 and env.source == "slurm"
+
+
+def test_batch_script_outside_srun_is_a_single_process():
+    """In the batch script itself (no srun step) SLURM_NTASKS is the job's, not this process's."""
+    env = rank.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "7"})
+    assert env.world_size == 1 and env.source == "single"
+
+
+def test_init_process_group_returns_cpu_device_for_one_process(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    assert str(rank.init_process_group()) == "cpu"
