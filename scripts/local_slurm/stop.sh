@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Stop the local Slurm cluster of STATE_DIR (see start.sh). Idempotent; logs stay.
+# Usage: scripts/local_slurm/stop.sh [STATE_DIR]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# stop_daemon NAME: SIGTERM, wait up to 5 s, then SIGKILL.
+stop_daemon() {
+    local name="$1" pid i
+    if pid="$(daemon_pid "$name")"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for i in $(seq 50); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+        if alive "$pid"; then
+            log "$name ($pid) ignored SIGTERM, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            for i in $(seq 30); do
+                alive "$pid" || break
+                sleep 0.1
+            done
+        fi
+        log "stopped $name ($pid)"
+    fi
+    rm -f "$RUN/$name.pid"
+}
+
+# Cancel jobs while slurmctld is still up, so accounting records them as CANCELLED.
+if daemon_pid slurmctld >/dev/null; then
+    job_ids="$(squeue -h -o %A 2>/dev/null || true)"
+    if [[ -n "$job_ids" ]]; then
+        # shellcheck disable=SC2086
+        scancel $job_ids 2>/dev/null || true
+        for i in $(seq 50); do
+            [[ -z "$(squeue -h -o %A 2>/dev/null || true)" ]] && break
+            sleep 0.1
+        done
+    fi
+fi
+
+# slurmd ignores SIGTERM while slurmctld is gone, so stop it first, then the rest backwards.
+for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
+    stop_daemon "${DAEMONS[$i]}"
+done
+
+# Job steps (slurmstepd, which inherit our SLURM_CONF) outlive slurmd; kill any left over
+# together with their tasks (same session).
+for pid in $(pgrep -x slurmstepd 2>/dev/null || true); do
+    step_env="$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ")" || continue
+    [[ $'\n'"$step_env"$'\n' == *$'\n'"SLURM_CONF=$SLURM_CONF"$'\n'* ]] || continue
+    sid="$(ps -o sid= -p "$pid" | tr -d ' ')"
+    [[ -n "$sid" && "$sid" != "$(ps -o sid= -p $$ | tr -d ' ')" ]] || continue
+    log "killing leftover job step session $sid"
+    pkill -KILL -s "$sid" || true
+done
+exit 0
