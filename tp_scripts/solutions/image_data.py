@@ -1,0 +1,122 @@
+"""Image data for train_classifier.py: an ImageNet-layout folder of JPEGs, or on-device random tensors.
+
+What the student tunes (DataLoader options, DistributedSampler) stays in the training script; this
+module only finds and checks the files, builds the transforms and knows how to restart an epoch
+in the middle (for --resume).
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+from torch.utils.data import Sampler
+from torchvision import datasets
+from torchvision.transforms import v2 as T
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataSetError(ValueError):
+    pass
+
+
+def _class_folders(split: Path) -> list[Path]:
+    return sorted(p for p in split.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _has_image(folder: Path) -> bool:
+    return any(f.suffix.lower() in IMAGE_SUFFIXES for f in folder.iterdir())
+
+
+def check_image_folder(root: str | Path) -> None:
+    """Raise DataSetError, naming the path, unless root/train (and root/val if present) hold class folders of images."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataSetError(f"data set folder {root} does not exist")
+    for split in ("train", "val"):
+        folder = root / split
+        if not folder.is_dir():
+            if split == "val":
+                continue  # no validation set: training still works, validation is skipped
+            raise DataSetError(f"{root} has no train/ folder: expected {root}/train/<class>/<image>.JPEG "
+                               "(the ImageNet layout)")
+        classes = _class_folders(folder)
+        if not classes:
+            raise DataSetError(f"{folder} has no class folders: expected {folder}/<class>/<image>.JPEG")
+        if not any(_has_image(c) for c in classes[:50]):
+            raise DataSetError(f"no images found in the class folders of {folder} "
+                               f"(looked for {', '.join(IMAGE_SUFFIXES)})")
+
+
+def train_transform(image_size: int):
+    return T.Compose([
+        T.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True),
+        T.RandomHorizontalFlip(),
+        T.ToImage(), T.ToDtype(torch.float32, scale=True),
+        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def val_transform(image_size: int):
+    return T.Compose([
+        T.Resize(int(image_size * 1.14), antialias=True),  # the usual 224/256 ratio
+        T.CenterCrop(image_size),
+        T.ToImage(), T.ToDtype(torch.float32, scale=True),
+        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def image_folders(root: str | Path, image_size: int):
+    """(train_set, val_set or None, class names). Call check_image_folder first for friendly errors."""
+    root = Path(root).expanduser()
+    train_set = datasets.ImageFolder(root / "train", transform=train_transform(image_size))
+    val_set = None
+    if (root / "val").is_dir():
+        val_set = datasets.ImageFolder(root / "val", transform=val_transform(image_size))
+        if val_set.classes != train_set.classes:
+            raise DataSetError(f"{root}/val and {root}/train do not have the same class folders")
+    return train_set, val_set, train_set.classes
+
+
+class SyntheticBatches:
+    """The same random batch, made once on the device, served `steps` times per epoch: no loading cost."""
+
+    def __init__(self, batch_size: int, image_size: int, num_classes: int, steps: int, device, seed: int = 0):
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.images = torch.randn(batch_size, 3, image_size, image_size, generator=generator).to(device)
+        self.labels = torch.randint(0, num_classes, (batch_size,), generator=generator).to(device)
+        self.steps = steps
+        self.skip = 0  # in samples, like ResumableSampler.skip
+
+    def set_epoch(self, epoch: int) -> None:
+        pass  # the same batch every step: nothing to reshuffle
+
+    def __len__(self) -> int:
+        return max(0, self.steps - self.skip // len(self.labels))
+
+    def __iter__(self):
+        return itertools.repeat((self.images, self.labels), len(self))
+
+
+class ResumableSampler(Sampler):
+    """Wraps a sampler so that an epoch can start after its first `skip` samples (resuming mid-epoch).
+
+    Sampling happens in the main process even with workers, so changing `skip` between epochs works
+    with persistent workers too.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)

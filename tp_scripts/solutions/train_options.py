@@ -1,0 +1,178 @@
+"""Command-line options of train_classifier.py: grouped, each with a one-line why, checked up front.
+
+Every check here runs before any process group is joined, so a bad option stops every rank at once
+with a short message and exit code 2 (no traceback, no hanging rank).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import warnings
+
+MIN_IMAGE_SIZE = 32  # torchvision ImageNet classifiers downsample by 32: smaller inputs leave no features
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train_classifier.py",
+        formatter_class=Formatter,
+        description="Train a torchvision image classifier and record honest timings (DLO-Kit).",
+        epilog="examples:\n"
+               "  python train_classifier.py --data data/generated/tiny --model resnet18 --image-size 64 --epochs 3\n"
+               "  python train_classifier.py --data synthetic --test --amp bf16 --channels-last\n"
+               "  torchrun --nproc_per_node=2 train_classifier.py --data $DLOKIT_DATA --test\n"
+               "  srun python -u train_classifier.py ...   (one task per GPU; rank from SLURM_PROCID)",
+    )
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default="resnet50", help="torchvision classification model name")
+    g.add_argument("--data", default=os.environ.get("DLOKIT_DATA"),
+                   help="ImageNet-layout folder (train/ and val/ with one folder per class), or 'synthetic' "
+                        "for random tensors made once on the device: the compute ceiling, no loading at all "
+                        "[default: $DLOKIT_DATA]")
+    g.add_argument("--image-size", type=int, default=224, help="training crop in pixels: cost grows with its square")
+    g.add_argument("--num-classes", type=int, default=1000, help="classes in --data synthetic (a folder sets its own)")
+    g.add_argument("--synthetic-steps", type=int, default=100, help="steps per epoch in --data synthetic")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="images per process per step (default 32); the global batch is this times the processes")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="alternative to --batch-size: the total per step, split evenly across processes")
+    g.add_argument("--epochs", type=int, default=1, help="passes over the training set")
+    g.add_argument("--lr", type=float, default=0.1, help="peak learning rate of the one-cycle schedule")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--weight-decay", type=float, default=5e-5, help="L2 penalty on the weights")
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="soften the targets: better calibrated logits")
+    g.add_argument("--seed", type=int, default=0, help="same seed, same initial weights and batches")
+    g.add_argument("--test", action="store_true", help="short timed run: stop after --test-nsteps steps, no validation")
+    g.add_argument("--test-nsteps", type=int, default=50, help="steps of a --test run")
+
+    g = p.add_argument_group("one device: speed (Day 1)")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where to compute; auto = the GPU when there is one")
+    g.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none",
+                   help="mixed precision: matrix maths in 16 bits on tensor cores; fp16 also needs loss scaling")
+    g.add_argument("--tf32", action="store_true", help="let fp32 matmuls and convolutions use TF32 tensor cores (GPU)")
+    g.add_argument("--channels-last", action="store_true",
+                   help="NHWC memory layout for weights and images: what tensor-core convolutions want")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model: fused kernels, slow first steps")
+    g.add_argument("--cudnn-benchmark", action="store_true",
+                   help="let cuDNN time its algorithms on the first batches and keep the fastest")
+    g.add_argument("--profile", action="store_true",
+                   help="torch.profiler trace of a few steps, one file per rank in the run folder (TensorBoard/Perfetto)")
+    g.add_argument("--profile-wait", type=int, default=1, help="profiler: steps skipped first")
+    g.add_argument("--profile-warmup", type=int, default=2, help="profiler: steps traced but thrown away (warm caches)")
+    g.add_argument("--profile-active", type=int, default=3, help="profiler: steps kept in the trace")
+
+    g = p.add_argument_group("data loading (Day 2)")
+    g.add_argument("--num-workers", type=int, default=0, help="processes decoding images beside the training loop")
+    g.add_argument("--pin-memory", action="store_true", help="page-locked host batches: faster, asynchronous copies to the GPU")
+    g.add_argument("--non-blocking", action="store_true", help="copy the next batch to the GPU while it still computes")
+    g.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker prepares in advance")
+    g.add_argument("--persistent-workers", action="store_true", help="keep workers alive between epochs (no restart cost)")
+    g.add_argument("--drop-last", action="store_true", help="skip the last, incomplete batch of an epoch")
+
+    g = p.add_argument_group("several processes (Day 2)")
+    g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (costs a collective per layer)")
+    g.add_argument("--find-unused-parameters", action="store_true",
+                   help="DDP: tolerate parameters without gradient (multi-head models, stochastic depth); slower")
+    g.add_argument("--metric-step", type=int, default=1,
+                   help="compute and average loss/accuracy across ranks every k steps: each sync stalls the GPU")
+
+    g = p.add_argument_group("checkpoints and records")
+    g.add_argument("--checkpoint-steps", type=int, default=0, help="save a checkpoint every k steps (0 = never)")
+    g.add_argument("--checkpoint-epochs", action="store_true", help="save a checkpoint at the end of each epoch")
+    g.add_argument("--checkpoint-path", default=None, help="where to save [default: <runs-dir>/<run-id>/checkpoint.pt]")
+    g.add_argument("--resume", default=None, help="checkpoint file (or a run folder holding checkpoint.pt) to continue from")
+    g.add_argument("--runs-dir", default=None, help="where run records go [default: $DLOKIT_RUNS_DIR or ./runs]")
+    g.add_argument("--print-every", type=int, default=20, help="rank 0 prints a progress line every k steps")
+    return p
+
+
+def model_names() -> list[str]:
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def check_model(parser, name: str, image_size: int) -> None:
+    """Unknown names and image sizes the model cannot take are refused before anything starts."""
+    import torch
+    import torchvision
+
+    names = model_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+        hint = f"did you mean: {', '.join(close)}?" if close else f"choose from: {', '.join(names)}"
+        parser.error(f"unknown model '{name}'; {hint}")
+    if image_size < MIN_IMAGE_SIZE:
+        parser.error(f"--image-size {image_size} is too small: ImageNet models downsample by 32, "
+                     f"use at least {MIN_IMAGE_SIZE} px")
+    try:  # a dry run on the meta device: shapes only, no memory, no compute
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torchvision.models.get_model(name, num_classes=10).eval()
+            model(torch.empty(2, 3, image_size, image_size))
+    except Exception as error:
+        parser.error(f"model '{name}' cannot take {image_size} px images ({str(error).splitlines()[0][:120]}); "
+                     "try a larger --image-size")
+
+
+def check_options(parser, args, world_size: int, cuda_available: bool) -> None:
+    if args.batch_size is not None and args.global_batch_size is not None:
+        parser.error("give --batch-size (per process) or --global-batch-size, not both")
+    if args.global_batch_size is not None:
+        if args.global_batch_size % world_size:
+            parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by the "
+                         f"{world_size} processes of this job")
+        args.batch_size = args.global_batch_size // world_size
+    args.batch_size = 32 if args.batch_size is None else args.batch_size
+    if args.batch_size < 2:
+        parser.error("--batch-size must be at least 2: BatchNorm needs two samples to compute statistics")
+    for name in ("epochs", "test_nsteps", "metric_step", "print_every", "synthetic_steps", "prefetch_factor"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.num_workers < 0 or args.checkpoint_steps < 0:
+        parser.error("--num-workers and --checkpoint-steps cannot be negative")
+    if args.device == "cuda" and not cuda_available:
+        parser.error("--device cuda: this machine has no usable GPU (torch.cuda.is_available() is False)")
+    on_gpu = cuda_available and args.device != "cpu"
+    if args.sync_bn and not on_gpu:
+        parser.error("--sync-bn needs GPUs: PyTorch's SyncBatchNorm only works with GPU modules")
+    if args.amp == "fp16" and not on_gpu:
+        parser.error("--amp fp16 is refused on the CPU: CPU autocast computes in bfloat16, and fp16 loss "
+                     "scaling is a GPU technique; use --amp bf16 (same 16-bit speed-up idea, no scaler needed)")
+    if args.resume is not None and not os.path.exists(args.resume):
+        parser.error(f"--resume {args.resume}: no such file or folder")
+
+
+def parse_args(argv=None, world_size: int = 1, cuda_available: bool | None = None):
+    """Parse and check every option; the data set is checked by image_data.check_image_folder."""
+    import torch
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cuda_available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    check_options(parser, args, world_size, cuda_available)
+    check_model(parser, args.model, args.image_size)
+    if args.data is None:
+        parser.error("no data set: pass --data PATH (or --data synthetic) or set DLOKIT_DATA; "
+                     "make one with: python data/make_synthetic_imagenet.py --out data/generated/tiny")
+    if args.data != "synthetic":
+        from image_data import DataSetError, check_image_folder
+
+        try:
+            check_image_folder(args.data)
+        except DataSetError as error:
+            parser.error(str(error))
+    return args
+
+
+if __name__ == "__main__":  # python train_options.py --help
+    build_parser().print_help(sys.stdout)
