@@ -118,6 +118,8 @@ class RunRecorder:
         self.header = header
         _write_json_atomic(self.folder / "run.json", header)
         self._metrics = open(self.folder / "metrics.jsonl", "a", buffering=1)
+        _open_records.append(self)
+        _install_excepthook()
 
     def amend(self, **fields) -> None:
         """Add fields to run.json (rewritten atomically), e.g. what was observed on the first step."""
@@ -134,6 +136,8 @@ class RunRecorder:
         if self._metrics.closed:
             return
         self._metrics.close()
+        if self in _open_records:
+            _open_records.remove(self)
         summary = {"status": status, "run_id": self.run_id, "rank": self.rank,
                    "wall_time_s": round(time.time() - self.started, 3), **summary}
         _write_json_atomic(self.folder / "summary.json", summary)
@@ -147,6 +151,25 @@ class RunRecorder:
         else:
             self.finish()
         return False
+
+
+_open_records: list[RunRecorder] = []
+
+
+def _install_excepthook() -> None:
+    """A script that dies of an uncaught exception (say torch.OutOfMemoryError) still gets a summary
+    saying so, which the analysis helpers show (e.g. the OOM point of a batch-size scan)."""
+    previous = sys.excepthook
+    if getattr(previous, "_dlokit", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        for record in list(_open_records):
+            record.finish(status="failed", error=f"{exc_type.__name__}: {exc}")
+        previous(exc_type, exc, tb)
+
+    hook._dlokit = True
+    sys.excepthook = hook
 
 
 def read_metrics(path: str | os.PathLike) -> tuple[list[dict], bool]:

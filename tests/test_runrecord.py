@@ -1,0 +1,34 @@
+"""Run records survive what kills runs: uncaught errors and a kill in the middle of a line."""
+import json
+import subprocess
+import sys
+
+from dlokit.runrecord import RunRecorder, read_rank
+
+DIES_OF_OOM = """
+from dlokit.runrecord import RunRecorder
+record = RunRecorder({"batch_size": 4096}, runs_dir="runs", run_id="big")
+record.log("step", step=1, loss=2.0)
+raise MemoryError("the allocator gave up")
+"""
+
+
+def test_uncaught_error_still_writes_a_failed_summary(tmp_path):
+    result = subprocess.run([sys.executable, "-c", DIES_OF_OOM], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 1 and "MemoryError" in result.stderr
+    rank0 = read_rank(tmp_path / "runs" / "big" / "rank0")
+    assert rank0["state"] == "failed"
+    assert rank0["summary"]["error"] == "MemoryError: the allocator gave up"
+    assert [m["step"] for m in rank0["metrics"]] == [1]
+
+
+def test_half_written_last_line_is_skipped_and_reported(tmp_path):
+    record = RunRecorder({}, runs_dir=tmp_path, run_id="cut")
+    for step in range(3):
+        record.log("step", step=step)
+    with open(record.folder / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind": "step", "st')
+    rank0 = read_rank(record.folder)
+    assert rank0["truncated"] and rank0["state"] == "running or killed"
+    assert [m["step"] for m in rank0["metrics"]] == [0, 1, 2]
+    assert json.loads((record.folder / "run.json").read_text())["run_id"] == "cut"
