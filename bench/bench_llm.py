@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tp_scripts" / "solutions" / "llm" / "train_llm.py"
+SCRIPT = ROOT / "tp_scripts" / "llm" / "train_llm.py"
 
 CPU_ROWS = [  # (label, processes, options)
     ("single", 1, ["--mode", "single"]),

@@ -9,7 +9,7 @@ import torch
 
 from dlokit.memory_model import estimate, params_on_rank
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp_scripts" / "solutions" / "llm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp_scripts" / "llm"))
 model_lib = importlib.import_module("model")
 train_llm = importlib.import_module("train_llm")
 

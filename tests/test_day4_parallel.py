@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tp_scripts" / "solutions" / "llm" / "train_llm.py"
+SCRIPT = ROOT / "tp_scripts" / "llm" / "train_llm.py"
 STEPS = 4
 COMMON = ["--config", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "64", "--grad-norm"]
 
