@@ -113,3 +113,13 @@ def test_module_names_are_checked(slurm4, workspace):
 def test_gpus_per_task_must_divide_the_node(slurm4, workspace):
     with pytest.raises(JobSpecError, match="n_gpu_per_task"):
         dlokit.gpu_jobs_submitter(HELLO, name="bad", n_gpu=3, n_gpu_per_task=2)
+
+
+def test_profile_sbatch_options_reach_the_script_but_line_breaks_do_not(workspace, monkeypatch):
+    (workspace / "course.toml").write_text('[course]\nextends = "local-slurm"\nsbatch = { reservation = "dlo" }\n'
+                                           '[evil]\nextends = "local-slurm"\nsbatch = { reservation = "x\\nrm -rf ~" }\n')
+    monkeypatch.setenv("DLOKIT_PROFILES", str(workspace / "course.toml"))
+    spec = dlokit.JobSpec(script=HELLO, name="ok")
+    assert "#SBATCH --reservation=dlo" in dlokit.sbatch_preview(spec, dlokit.use_profile("course"))
+    with pytest.raises(JobSpecError, match="line break"):
+        dlokit.sbatch_preview(spec, dlokit.use_profile("evil"))

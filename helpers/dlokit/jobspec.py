@@ -193,9 +193,10 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
             params[key] = str(value)
     if spec.exclusive:
         params["exclusive"] = True
-    if profile.hint_nomultithread:
-        params["additional_parameters"] = {"hint": "nomultithread"}
-    for key, value in params.items():
+    extra = {**({"hint": "nomultithread"} if profile.hint_nomultithread else {}), **profile.sbatch}
+    if extra:
+        params["additional_parameters"] = extra
+    for key, value in {**params, **extra}.items():
         if isinstance(value, str) and any(ch in value for ch in "\n\r"):
             raise JobSpecError(f"{key} {value!r} contains a line break")
     return params

@@ -40,6 +40,7 @@ class Profile:
     log_dir: str = ""  # default: ./dlokit_jobs/<user>
     runs_dir: str = ""  # default: ./runs
     env: dict = field(default_factory=dict)  # extra environment for every job
+    sbatch: dict = field(default_factory=dict)  # any other #SBATCH option, e.g. {reservation = "course"}
     required: tuple[str, ...] = ()
 
     @property
