@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,16 @@ def workspace(tmp_path, monkeypatch):
     return tmp_path
 
 
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
 def _cluster_env(state_dir: Path) -> dict:
     """The variables env.sh exports (SLURM_CONF, ...), read by sourcing it in bash."""
     out = subprocess.run(["bash", "-c", f"source {shlex.quote(str(state_dir / 'env.sh'))} && env -0"],
@@ -38,8 +49,10 @@ def slurm_cluster(tmp_path_factory):
     if os.environ.get("DLOKIT_SKIP_SLURM"):
         pytest.skip("DLOKIT_SKIP_SLURM is set")
     state_dir = Path(os.environ.get("DLOKIT_TEST_SLURM_DIR") or tmp_path_factory.mktemp("slurm"))
+    names = ("SLURMCTLD", "SLURMD", "SLURMDBD", "MARIADB")  # free ports: a cluster already running is left alone
+    ports = {f"DLOKIT_{name}_PORT": str(port) for name, port in zip(names, free_ports(len(names)))}
     started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), str(state_dir)],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **ports})
     if started.returncode:
         raise RuntimeError(f"local Slurm did not start:\n{started.stdout}\n{started.stderr}")
     env = _cluster_env(state_dir)
