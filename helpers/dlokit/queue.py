@@ -90,12 +90,25 @@ def _watch_text(name, timestep, timeout_s) -> pd.DataFrame:
         time.sleep(timestep)
 
 
+STYLE = """<style>
+.dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; }
+.dlokit-queue th, .dlokit-queue td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+.dlokit-queue th { background: #f0f0f0; }
+.dlokit-state-RUNNING { color: #1a7f37; font-weight: bold; }
+.dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
+</style>"""
+
+
 def _table_html(table: pd.DataFrame, name: str | None) -> str:
     title = f"jobs named <b>{html.escape(name)}</b>" if name else "my jobs"
     if table.empty:
         return f"<p>{title}: none left in the queue ({time.strftime('%H:%M:%S')})</p>"
-    styled = table.to_html(index=False, escape=True, classes="dlokit-queue", border=0)
-    return f"<p>{title} at {time.strftime('%H:%M:%S')} (refreshing)</p>{styled}"
+    shown = table.assign(state=[f'<span class="dlokit-state-{html.escape(s)}">{html.escape(s)}</span>'
+                                for s in table["state"]])
+    for column in shown.columns.drop("state"):
+        shown[column] = shown[column].map(lambda value: html.escape(str(value)))
+    body = shown.to_html(index=False, escape=False, classes="dlokit-queue", border=0)
+    return f"{STYLE}<p>{title} at {time.strftime('%H:%M:%S')} (refreshing)</p>{body}"
 
 
 def _watch_widget(name, timestep, timeout_s) -> pd.DataFrame:

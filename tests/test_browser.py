@@ -1,0 +1,103 @@
+"""A student's first minutes, in a real browser: JupyterLab on 127.0.0.1, Day 1 open in headless
+Chromium, the cells up to the live queue run, and the queue widget seen refreshing.
+
+The screenshot is kept in output/test-artifacts/ for a person to look at.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DAY1 = REPO / "notebooks" / "day1_single_gpu.ipynb"
+ARTIFACTS = REPO / "output" / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+pytestmark = pytest.mark.browser
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """JupyterLab serving a copy of the repository's notebooks/ and tp_scripts/, with its own config dirs."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "notebooks", root / "notebooks")
+    shutil.copytree(REPO / "tp_scripts", root / "tp_scripts")
+    shutil.copytree(REPO / "data", root / "data", ignore=shutil.ignore_patterns("generated"))
+    config = tmp_path / "jupyter-config"
+    (config / "labconfig").mkdir(parents=True)
+    (config / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"), "DLOKIT_PROFILE": "local",
+           "DLOKIT_LOG_DIR": str(tmp_path / "jobs"), "DLOKIT_RUNS_DIR": str(tmp_path / "runs"),
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    port, token = free_port(), "dlokit-test"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--ServerApp.port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "jupyterlab.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "jupyterlab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield url, token
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def cells_before_queue(notebook: Path) -> int:
+    """How many cells to run so that the first live-queue cell has just been run."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return next(i for i, c in enumerate(cells) if c["cell_type"] == "code"
+                and "display_slurm_queue(" in "".join(c["source"])) + 1
+
+
+def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    url, token = jupyterlab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/lab/tree/notebooks/{DAY1.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click(".jp-Notebook .jp-Cell >> nth=0")
+        for _ in range(cells_before_queue(DAY1)):
+            page.keyboard.press("Shift+Enter")
+            time.sleep(0.3)
+        widget = page.wait_for_selector(".dlokit-queue-widget", timeout=240_000)
+        page.wait_for_selector(".dlokit-queue-widget table.dlokit-queue", timeout=120_000)
+        first = widget.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-queue.png"), full_page=False)
+        assert "RUNNING" in first
+        page.wait_for_function(
+            "() => document.querySelector('.dlokit-queue-widget').innerText.includes('none left')", timeout=300_000)
+        final = widget.inner_text()
+        assert final != first
+        browser.close()
