@@ -1,0 +1,150 @@
+"""The check cells' logic on real run records: the reference solution passes, the untouched student
+script fails, and nothing raises on missing or broken runs.
+
+The records come from the real training script (tp_scripts/solutions/train_classifier.py and the
+student version generated from it), run briefly on the CPU, all at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dlokit
+from dlokit import checks
+from dlokit.material import build
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
+TINY = ["--model", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "4", "--test", "--test-nsteps", "4"]
+PROFILED = ["--profile", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "2"]
+TUNED = ["--num-workers", "1", "--prefetch-factor", "3", "--persistent-workers"]
+RUNS = {  # run id -> (script folder, processes, options)
+    "sol-base": ("solutions", 1, ["--num-workers", "0"]),
+    "sol-fast": ("solutions", 1, ["--amp", "bf16", "--channels-last", *PROFILED, *TUNED]),
+    "stu-fast": ("student", 1, ["--amp", "bf16", "--channels-last", *PROFILED, *TUNED]),
+    "sol-ddp": ("solutions", 2, [*PROFILED, "--num-workers", "0"]),
+    "stu-ddp": ("student", 2, ["--num-workers", "0"]),
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """Run every configuration of RUNS at once; returns the runs folder."""
+    root = tmp_path_factory.mktemp("checks")
+    student = root / "student"
+    build(REPO / "tp_scripts" / "solutions", student)  # the untouched student version, as students get it
+    folders = {"solutions": REPO / "tp_scripts" / "solutions", "student": student}
+    data = root / "data"
+    subprocess.run([PYTHON, str(REPO / "data" / "make_synthetic_imagenet.py"), "--out", str(data), "--classes", "2",
+                    "--train-per-class", "12", "--val-per-class", "2", "--size", "40", "--quiet"], check=True)
+    runs = root / "runs"
+    processes = {}
+    for run_id, (which, nproc, options) in RUNS.items():
+        script = str(folders[which] / "train_classifier.py")
+        launcher = [PYTHON, "-u"] if nproc == 1 else [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
+        env = {**os.environ, "DLOKIT_RUN_ID": run_id, "DLOKIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
+            env.pop(key, None)
+        log = open(root / f"{run_id}.log", "w")
+        processes[run_id] = subprocess.Popen([*launcher, script, "--data", str(data), *TINY, *options],
+                                             env=env, stdout=log, stderr=subprocess.STDOUT)
+    for run_id, process in processes.items():
+        assert process.wait(timeout=240) == 0, (root / f"{run_id}.log").read_text()[-3000:]
+    return runs
+
+
+@pytest.fixture
+def in_runs(records, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(records))
+    monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
+    monkeypatch.chdir(tmp_path)
+    dlokit.use_profile("local")
+    checks.RESULTS.clear()
+    return records
+
+
+def test_solution_passes_every_day1_check(in_runs):
+    assert checks.completed(["sol-base"]).passed
+    assert checks.on_device(["sol-base", "sol-fast"]).passed
+    result = checks.amp("sol-base", ["sol-fast"])
+    assert result.passed, result
+    assert "bfloat16" in " ".join(result.details)
+    assert checks.channels_last(["sol-fast"], baseline_id="sol-base").passed
+    result = checks.profiler(["sol-fast"])
+    assert result.passed, result
+    assert "data, forward, backward, optimizer" in " ".join(result.details)
+
+
+def test_student_script_fails_day1_checks_with_advice(in_runs):
+    amp = checks.amp("sol-base", ["stu-fast"])
+    assert not amp.passed and "float32" in amp.message and "autocast" in amp.message
+    layout = checks.channels_last(["stu-fast"])
+    assert not layout.passed and "TODO TP1.3" in layout.message
+    trace = checks.profiler(["stu-fast"])
+    assert not trace.passed and "no trace" in trace.message
+
+
+def test_dataloader_check(in_runs):
+    result = checks.dataloader("sol-base", "sol-fast")
+    assert result.passed, result
+    assert "workers 1" in result.details[0] and "prefetch 3" in result.details[0]
+    student = checks.dataloader("sol-base", "stu-fast")
+    assert not student.passed and "asked for 1 workers but its DataLoader used 0" in student.message
+
+
+def test_ddp_check(in_runs):
+    result = checks.ddp(["sol-base", "sol-ddp"], world_size=2)
+    assert result.passed, result
+    assert "12 of 24 images per rank" in " ".join(result.details)
+    student = checks.ddp(["stu-ddp"], world_size=2)
+    assert not student.passed and "DistributedDataParallel" in student.message
+    assert not checks.ddp(["sol-ddp"], world_size=4).passed  # no run with 4 processes
+
+
+def test_collectives_measured_in_a_ddp_trace(in_runs):
+    run = dlokit.analysis.load_run("sol-ddp")
+    traces = checks.run_traces(run)
+    assert len(traces) >= 1
+    table = checks.collectives_in_trace(traces[-1]).set_index("collective")
+    gradient_mib = run.config["param_count"] * 4 / 2**20
+    per_step = table.loc["allreduce", "MiB"] / 2  # two active profiled steps
+    assert per_step == pytest.approx(gradient_mib, rel=0.05)
+
+
+def test_checks_never_raise_on_missing_or_broken_runs(in_runs, tmp_path):
+    missing = checks.amp("no-such-run", ["nor-this-one"])
+    assert not missing.passed and "no-such-run" in missing.message
+    assert not checks.on_device([]).passed
+    broken = in_runs / "broken" / "rank0"
+    broken.mkdir(parents=True)
+    (broken / "run.json").write_text("{not json")
+    (broken / "metrics.jsonl").write_text('{"kind": "step"')
+    for result in (checks.profiler(["broken"]), checks.ddp(["broken"]), checks.dataloader("broken", "broken"),
+                   checks.channels_last("broken"), checks.completed("broken")):
+        assert not result.passed and "broken" in result.message
+    failed = in_runs / "failed" / "rank0"
+    shutil.copytree(in_runs / "sol-base" / "rank0", failed)
+    summary = json.loads((failed / "summary.json").read_text())
+    (failed / "summary.json").write_text(json.dumps({**summary, "status": "failed", "error": "OutOfMemoryError"}))
+    result = checks.completed(["failed"])
+    assert not result.passed and "did not finish (failed)" in result.message
+    assert "OutOfMemoryError" in result.message and "lower the batch size" in result.message
+
+
+def test_results_are_displayed_with_a_machine_readable_copy(in_runs, tmp_path, capsys):
+    result = checks.completed("sol-base")
+    assert "✅ job completed" in capsys.readouterr().out  # printed outside Jupyter
+    bundle = result._repr_mimebundle_()
+    assert bundle[checks.MIME]["passed"] is True and "✅" in bundle["text/html"]
+    notebook = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": bundle}]}]}
+    path = tmp_path / "executed.ipynb"
+    path.write_text(json.dumps(notebook))
+    assert checks.results_in_notebook(path) == [bundle[checks.MIME]]
+    assert list(checks.scoreboard()["result"]) == ["✅"]

@@ -1,0 +1,172 @@
+"""The Day 1 and Day 2 notebooks, executed headless (papermill, cwd notebooks/) with the tiniest sizes.
+
+* on the local backend with the reference solution: every check cell reports ✅, the DataLoader trials
+  table has a row per trial, the scaling plot has a point per process count;
+* Day 1 on the local backend with the untouched student scripts: the notebook still runs to the end and
+  the check cells of the TPs left undone report ❌;
+* both notebooks unchanged against the project's real local Slurm (4 fake GPUs).
+
+A probe cell appended to a copy of the notebook prints what the test asserts on (the notebook itself is
+not changed); check results are read from their machine-readable output (dlokit.checks.MIME).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dlokit import checks
+from dlokit.material import build
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+DAY1 = NOTEBOOKS / "day1_single_gpu.ipynb"
+DAY2 = NOTEBOOKS / "day2_data_and_ddp.ipynb"
+PROBE_MARK = "DLOKIT_PROBE "
+
+TINY = {"MODEL": "mobilenet_v3_small", "IMAGE_SIZE": 32, "BATCH_SIZE": 8, "STEPS": 4, "TRAIN_PER_CLASS": 8,
+        "REFRESH_S": 1, "NICKNAME": "nbtest"}
+DAY1_TINY = {**TINY, "BATCH_SWEEP": [4, 8]}
+DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16}
+
+DAY1_PROBE = """
+import json
+print("DLOKIT_PROBE " + json.dumps({
+    "profile": profile.name,
+    "sweep_states": analysis.memory_table(sweep_jobs, profile.runs)["state"].tolist(),
+    "memory_points": len(analysis.memory_vs_batch(sweep_jobs, profile.runs).axes[0].lines[0].get_xdata()),
+    "breakdowns": len(breakdowns),
+}))
+"""
+DAY2_PROBE = """
+import json
+figure = analysis.scaling_plot(ddp_jobs, profile.runs)
+measured_line = [l for l in figure.axes[0].lines if l.get_label() == "measured"]
+print("DLOKIT_PROBE " + json.dumps({
+    "profile": profile.name,
+    "trials": len(trials), "trial_states": trials["state"].tolist(),
+    "gpu_counts": GPU_COUNTS,
+    "scaling_x": [int(x) for x in measured_line[0].get_xdata()] if measured_line else [],
+    "comm_collectives": measured["collective"].tolist() if traces else [],
+}))
+"""
+
+
+def execute(notebook: Path, out_dir: Path, parameters: dict, probe: str) -> tuple[list[dict], dict, Path]:
+    """Run a copy of the notebook with a probe cell appended; returns (check results, probe values, path)."""
+    import papermill
+
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(probe))
+    source = out_dir / f"probed_{notebook.name}"
+    nbformat.write(nb, source)
+    executed = out_dir / f"executed_{notebook.name}"
+    started = time.time()
+    papermill.execute_notebook(str(source), str(executed), parameters=parameters, cwd=str(NOTEBOOKS),
+                               kernel_name="python3", progress_bar=False, log_output=False)
+    print(f"{notebook.name} ({parameters.get('PROFILE', 'local')}, {parameters.get('SCRIPTS')}) ran in "
+          f"{time.time() - started:.0f} s")
+    results = checks.results_in_notebook(executed)
+    probe_values = {}
+    for cell in json.loads(executed.read_text())["cells"]:
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", ""))
+            for line in text.splitlines():
+                if line.startswith(PROBE_MARK):
+                    probe_values = json.loads(line[len(PROBE_MARK):])
+    return results, probe_values, executed
+
+
+def by_check(results: list[dict]) -> dict[str, dict]:
+    return {r["check"]: r for r in results}
+
+
+def assert_all_passed(results: list[dict], expected: set[str]):
+    found = by_check(results)
+    assert expected <= set(found), f"missing checks: {expected - set(found)}"
+    failed = {name: r["message"] for name, r in found.items() if not r["passed"]}
+    assert not failed, failed
+
+
+DAY1_CHECKS = {"job completed", "TP1.1 model and batches on the device", "TP1.2 mixed precision",
+               "TP1.3 channels_last", "TP1.4 profiler trace"}
+DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism"}
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """Job logs and run records in a fresh folder; the kernel inherits these variables."""
+    monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
+    # Jobs inherit the kernel's environment: one compute thread per process, or N ranks x all cores
+    # of a 2-core machine thrash (the training script leaves torch's thread count at its default).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return tmp_path
+
+
+def check_day1(results, probe, profile):
+    assert_all_passed(results, DAY1_CHECKS)
+    assert probe["profile"] == profile
+    assert probe["sweep_states"] == ["completed", "completed"]
+    assert probe["memory_points"] == 2
+    assert probe["breakdowns"] == 2
+
+
+def check_day2(results, probe, profile, processes):
+    assert_all_passed(results, DAY2_CHECKS)
+    assert probe["profile"] == profile
+    assert probe["trials"] == 4 and probe["trial_states"] == ["completed"] * 4
+    assert probe["gpu_counts"] == processes
+    assert probe["scaling_x"] == processes
+    assert "allreduce" in probe["comm_collectives"]
+
+
+@pytest.mark.slow
+def test_day1_local_solutions(isolated):
+    results, probe, _ = execute(DAY1, isolated, {**DAY1_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY1_PROBE)
+    check_day1(results, probe, "local")
+
+
+@pytest.mark.slow
+def test_day2_local_solutions(isolated):
+    results, probe, _ = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY2_PROBE)
+    check_day2(results, probe, "local", [1, 2])
+
+
+@pytest.mark.slow
+def test_day1_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
+    student = isolated / "student_scripts"
+    build(REPO / "tp_scripts" / "solutions", student)  # exactly what a student starts from
+    results, probe, _ = execute(DAY1, isolated, {**DAY1_TINY, "SCRIPTS": str(student)}, DAY1_PROBE)
+    found = by_check(results)
+    assert found["job completed"]["passed"]
+    import torch
+
+    # A CPU has nothing to move; on a GPU machine the student's model and batches stay on the CPU.
+    assert found["TP1.1 model and batches on the device"]["passed"] is not torch.cuda.is_available()
+    for name, words in (("TP1.2 mixed precision", "TODO TP1.2"), ("TP1.3 channels_last", "TODO TP1.3"),
+                        ("TP1.4 profiler trace", "TODO TP1.4")):
+        assert not found[name]["passed"], found[name]
+        assert words in found[name]["message"]
+    assert probe["breakdowns"] == 0  # no trace: the pie cell says so instead of failing
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_day1_on_local_slurm(isolated, slurm_cluster):
+    results, probe, _ = execute(DAY1, isolated, {**DAY1_TINY, "SCRIPTS": "../tp_scripts/solutions",
+                                                 "PROFILE": "local-slurm"}, DAY1_PROBE)
+    check_day1(results, probe, "local-slurm")
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_day2_on_local_slurm(isolated, slurm_cluster):
+    results, probe, _ = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": "../tp_scripts/solutions",
+                                                 "PROFILE": "local-slurm"}, DAY2_PROBE)
+    check_day2(results, probe, "local-slurm", [1, 2, 4])
