@@ -19,6 +19,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dlokit.analysis.table import as_number
+
 MIME = "application/vnd.dlokit.check+json"
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -149,14 +151,6 @@ def _on_gpu(run) -> bool:
     return bool(hardware.get("gpu_count")) and run.config.get("device", "auto") != "cpu"
 
 
-def _number(value):
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
-
-
 def _first_problem(job_ids, name):
     """Load every run; return (runs, failing CheckResult or None)."""
     ids = _ids(job_ids)
@@ -195,7 +189,7 @@ def completed(job_ids) -> CheckResult:
     if problem:
         return problem
     details = [f"run {r.run_id}: {r.summary.get('steps')} steps, "
-               f"{_number(r.summary.get('throughput_train')) or float('nan'):.1f} img/s on "
+               f"{as_number(r.summary.get('throughput_train')) or float('nan'):.1f} img/s on "
                f"{observed(r).get('device', '?')}" for r in runs]
     return CheckResult("job completed", True, f"{len(runs)} run(s) completed", details)
 
@@ -229,11 +223,11 @@ def on_device(job_ids) -> CheckResult:
 
 
 def _precision_line(run, base):
-    speed_better, speed = _ratio_text("compute throughput", _number(run.summary.get("throughput_compute")),
-                                      _number(base.summary.get("throughput_compute")) if base else None, "img/s")
+    speed_better, speed = _ratio_text("compute throughput", as_number(run.summary.get("throughput_compute")),
+                                      as_number(base.summary.get("throughput_compute")) if base else None, "img/s")
     mem_key = "gpu_mem_peak_mb" if run.summary.get("gpu_mem_peak_mb") is not None else "host_rss_peak_mb"
-    mem_better, memory = _ratio_text(mem_key, _number(run.summary.get(mem_key)),
-                                     _number(base.summary.get(mem_key)) if base else None, "MiB",
+    mem_better, memory = _ratio_text(mem_key, as_number(run.summary.get(mem_key)),
+                                     as_number(base.summary.get(mem_key)) if base else None, "MiB",
                                      higher_is_better=False)
     return speed_better, mem_better, f"{speed}; {memory}"
 
@@ -381,8 +375,8 @@ def dataloader(baseline_id, tuned_id) -> CheckResult:
         failed.append(f"run {run.run_id}: --pin-memory asked but the batches are not in pinned memory")
     elif config.get("non_blocking") and not seen.get("non_blocking"):
         failed.append(f"run {run.run_id}: --non-blocking asked but the copies are blocking")
-    better, line = _ratio_text("load time per step", _number(run.summary.get("t_data")),
-                               _number(base.summary.get("t_data")), "s", higher_is_better=False)
+    better, line = _ratio_text("load time per step", as_number(run.summary.get("t_data")),
+                               as_number(base.summary.get("t_data")), "s", higher_is_better=False)
     details.append(line + f" (baseline run {base.run_id})")
     if failed:
         return CheckResult(name, False, failed[0], failed[1:] + details)

@@ -40,7 +40,7 @@ def config_value(run: Run, key: str, default=None):
     return default
 
 
-def _number(value):
+def as_number(value):
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -58,14 +58,14 @@ def _mean_of_steps(steps: pd.DataFrame, column: str):
 
 def run_metric(run: Run, key: str):
     """A summary figure: rank 0's summary, else the mean over step lines so far (first step skipped)."""
-    value = _number(run.summary.get(key))
+    value = as_number(run.summary.get(key))
     if value is not None:
         return value
     return _mean_of_steps(run.steps, key)
 
 
 def _peak(run: Run, key: str, step_key: str | None = None):
-    values = [_number(s.get(key)) for s in run.summaries]
+    values = [as_number(s.get(key)) for s in run.summaries]
     values = [v for v in values if v is not None]
     if not values and step_key:
         metrics = run.metrics
@@ -75,13 +75,13 @@ def _peak(run: Run, key: str, step_key: str | None = None):
 
 
 def _energy(run: Run):
-    values = [_number(s.get("energy_j")) for s in run.summaries]
+    values = [as_number(s.get("energy_j")) for s in run.summaries]
     values = [v for v in values if v is not None]
     return sum(values) if values else None
 
 
 def _val_acc(run: Run, key: str):
-    value = _number(run.summary.get(key))
+    value = as_number(run.summary.get(key))
     if value is not None:
         return value
     vals = run.lines("val")
@@ -109,12 +109,12 @@ def run_row(run: Run) -> dict:
                                              "workers", "pin_memory", "non_blocking",
                                              "prefetch_factor", "persistent_workers")},
         **{k: run_metric(run, k) for k in ("throughput_train", "throughput_compute", *SPLITS)},
-        "first_step_load_s": _number(run.summary.get("first_step_load_s")),
+        "first_step_load_s": as_number(run.summary.get("first_step_load_s")),
         "gpu_mem_peak_mb": _peak(run, "gpu_mem_peak_mb", "gpu_mem_mb"),
         "host_rss_peak_mb": _peak(run, "host_rss_peak_mb"),
         "energy_j": _energy(run), "peak_power_w": _peak(run, "peak_power_w"),
         "val_acc": _val_acc(run, "val_acc"), "best_val_acc": _val_acc(run, "best_val_acc"),
-        "wall_time_s": _number(run.summary.get("wall_time_s")),
+        "wall_time_s": as_number(run.summary.get("wall_time_s")),
         "oom": run.oom, "truncated": run.truncated, "error": run.error,
     }
     return row
