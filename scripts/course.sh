@@ -5,5 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export MPLBACKEND=Agg
 exec .venv/bin/python -m dlokit.course --out output "$@"

@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --with-slurm --with-browser
-export MPLBACKEND=Agg
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +38,9 @@ def run_notebook(notebook: Path, out_dir: Path, parameters: dict, kernel: str = 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / notebook.name
-    papermill.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+    # the kernel inherits this: with a plain Agg backend figures would be saved as "<Figure ...>" text
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    papermill.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel, language="python",
                                cwd=str(notebook.parent), progress_bar=sys.stderr.isatty(), log_output=False)
     return executed
 
