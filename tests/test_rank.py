@@ -46,3 +46,17 @@ def test_init_process_group_returns_cpu_device_for_one_process(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
     assert str(rank.init_process_group()) == "cpu"
+
+
+def test_cpu_ranks_get_their_share_of_the_cores(monkeypatch):
+    import torch
+
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("DLOKIT_CPUS_PER_TASK", "1")
+    before = torch.get_num_threads()
+    try:
+        rank.init_process_group()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -135,6 +135,10 @@ def init_process_group(backend: str | None = None, timeout_s: float = 300.0, dev
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+        # each rank stands for one GPU: give it its share of the cores, not all of them (oversubscribed
+        # OpenMP threads make several ranks on one machine many times slower)
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(env.cpus_per_task)
 
     if env.distributed and not dist.is_initialized():
         dist.init_process_group(

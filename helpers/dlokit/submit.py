@@ -65,7 +65,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
         folder = profile.logs / spec.name
         executor = _executor(profile, folder, layout, spec)
         python = profile.python or sys.executable
-        env = {"DLOKIT_RUNS_DIR": str(profile.runs), "PYTHONUNBUFFERED": "1", **profile.env}
+        env = {"DLOKIT_RUNS_DIR": str(profile.runs), "PYTHONUNBUFFERED": "1",
+               "DLOKIT_CPUS_PER_TASK": str(layout.cpus_per_task), **profile.env}
         tasks = [ScriptTask(s.argv, python, os.getcwd(), {**env, "DLOKIT_JOB_NAME": s.name, **s.env})
                  for s, _ in members]
         with executor.batch():
