@@ -21,6 +21,7 @@ def workspace(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))  # device locks of this test only
     monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
     return tmp_path
 

@@ -44,22 +44,39 @@ def log_steps(recorder, n, batch, t_data=0.01, t_step=0.05, world_size=1, mem=No
             recorder.log("val", epoch=epoch, step=step, val_loss=2.5 / step, val_acc=0.5 * step / n, val_acc5=0.9)
 
 
+DDP_OBSERVED = {"ddp_wrapped": True, "sampler": "DistributedSampler"}
+
+
 def write_run(runs_dir, run_id, *, batch=32, steps=10, world_size=1, t_data=0.01, t_step=0.05, mem=None,
-              energy=None, finish=True, **config):
+              energy=None, finish=True, observed=None, interval=None, **config):
+    """A synthetic run record; `interval` = (start, end) unix times of its measurement (default: a slot
+    of its own, so that synthetic runs do not overlap unless a test says so)."""
     config = {"batch_size": batch, "model": "tiny", "amp": False, "channels_last": False, "num_workers": 0,
               **config}
+    start, end = interval or next_slot()
     for rank in range(world_size):
         recorder = RunRecorder(config, rank=rank, world_size=world_size, run_id=run_id, runs_dir=runs_dir,
-                               script="train_tiny.py")
+                               script="train_tiny.py",
+                               extra={"observed": observed or (DDP_OBSERVED if world_size > 1 else {})})
+        recorder.amend(measurement={**recorder.header["measurement"], "started_unix": start, "cpus": [0, 1]})
         log_steps(recorder, steps, batch, t_data, t_step, world_size, mem)
         if not finish:
             recorder._metrics.close()
             continue
         recorder.finish(steps=steps, epochs=steps // 5, first_step_load_s=0.2, t_data=t_data, t_step=t_step,
+                        ended_unix=end,
                         throughput_train=batch * world_size / (t_data + t_step),
                         throughput_compute=batch * world_size / t_step, gpu_mem_peak_mb=mem,
                         host_rss_peak_mb=500.0 + rank, energy_j=energy, peak_power_w=energy and 300.0,
                         val_acc=0.5, best_val_acc=0.5)
+
+
+_slots = iter(range(1_000_000, 2_000_000, 100))
+
+
+def next_slot():
+    start = next(_slots)
+    return start, start + 50
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +163,8 @@ def test_compare_runs_ratios_and_notes(runs_dir):
     assert ratios["1003"] == pytest.approx(1.0) and ratios["1001"] == pytest.approx(0.25)
     assert [p.get_height() for p in figure.axes[0].patches][:2] == pytest.approx([32 / 0.06, 128 / 0.06])
     assert "run 4242: missing" in figure_texts(figure)
-    assert "<img" in analysis.compare_runs(["1001"], runs_dir=runs_dir)._repr_html_()
+    bundle = analysis.compare_runs(["1001"], runs_dir=runs_dir)._repr_mimebundle_()
+    assert "<img" in bundle["text/html"] and bundle["image/png"]  # saved notebooks keep the chart as a PNG
     with pytest.raises(ValueError, match="unknown metric"):
         analysis.compare_runs(["1001"], metric="speed", runs_dir=runs_dir)
 
@@ -196,6 +214,51 @@ def test_scaling_plot_speedup_and_efficiency(scaling_runs):
     assert list(line(figure, label="ideal").get_ydata()) == [1.0, 2.0, 4.0]
     assert line(figure, marker="o", ax=1).get_ydata()[-1] == pytest.approx(80.0)
     assert "run 399: running or killed" in figure_texts(figure)
+
+
+def test_scaling_refuses_multi_rank_runs_without_ddp_or_sharding(tmp_path):
+    write_run(tmp_path, "501", world_size=1, t_step=0.05)
+    write_run(tmp_path, "502", world_size=2, t_step=0.05, observed={"ddp_wrapped": False, "sampler": "RandomSampler"})
+    with pytest.raises(analysis.ScalingError, match="without DistributedDataParallel"):
+        analysis.scaling_table(["501", "502"], tmp_path)
+    write_run(tmp_path, "503", world_size=2, t_step=0.05, observed={"ddp_wrapped": True, "sampler": "RandomSampler"})
+    with pytest.raises(analysis.ScalingError, match="own shard"):
+        analysis.scaling_table(["501", "503"], tmp_path)
+    assert "not a valid scaling comparison" in figure_texts(analysis.scaling_plot(["501", "502"], tmp_path))
+
+
+def test_efficiency_above_100_percent_always_has_its_reason(tmp_path):
+    baseline_slot, other = (10_000, 10_100), (10_050, 10_150)
+    write_run(tmp_path, "601", world_size=1, t_data=0.0, t_step=0.10, interval=baseline_slot)
+    write_run(tmp_path, "602", world_size=2, t_data=0.0, t_step=0.04)  # 2.5x on 2 ranks
+    write_run(tmp_path, "699", world_size=1, t_data=0.0, t_step=0.01, interval=other)  # ran beside the baseline
+    table = analysis.scaling_table(["601", "602"], tmp_path)
+    above = table[table["efficiency"] > 1.0]
+    assert len(above) == 1 and "overlapped" in above["note"].iloc[0] and "601" in above["note"].iloc[0]
+    assert table.attrs["kind"] == "weak"
+    figure = analysis.scaling_plot(["601", "602"], tmp_path)
+    assert "> 100 %" in figure_texts(figure) and "weak scaling" in figure_texts(figure)
+
+
+def test_overlapping_runs_are_flagged_in_every_comparison(tmp_path):
+    write_run(tmp_path, "701", interval=(20_000, 20_100))
+    write_run(tmp_path, "702", interval=(20_090, 20_200))  # overlaps 701 by 10 s on the same cores
+    write_run(tmp_path, "703", interval=(20_300, 20_400))
+    assert analysis.overlapping(["701", "702", "703"], tmp_path) == {"701": ["702"], "702": ["701"], "703": []}
+    table, figure = analysis.compare_runs(["701", "702", "703"], runs_dir=tmp_path)
+    assert list(table["overlapped_by"]) == ["702", "701", ""]
+    assert "overlapped" in figure_texts(figure)
+    assert list(analysis.dataloader_trials(["703", "701"], tmp_path)["overlapped_by"]) in (["", "702"], ["702", ""])
+
+
+def test_runs_on_other_cores_or_hosts_do_not_overlap(tmp_path):
+    from dlokit.analysis.overlap import Interval
+
+    a = Interval("a", "node1", 0, 10, frozenset({0}), None)
+    assert not a.overlaps(Interval("b", "node1", 5, 15, frozenset({1}), None))
+    assert not a.overlaps(Interval("c", "node2", 5, 15, frozenset({0}), None))
+    assert a.overlaps(Interval("d", "node1", 5, 15, None, None))  # unknown cores count as shared
+    assert not Interval("g0", "n", 0, 10, None, frozenset({"0"})).overlaps(Interval("g1", "n", 0, 10, None, frozenset({"1"})))
 
 
 def test_training_curves(runs_dir):

@@ -44,6 +44,11 @@ class JobCard:
     submitted_at: float
     cancelled_at: float | None = None
     extra: dict = field(default_factory=dict)
+    native_id: str = ""  # the scheduler's own id where it differs (local: the launcher's pid)
+
+    @property
+    def scheduler_id(self) -> str:
+        return self.native_id or self.job_id
 
     @property
     def path(self) -> Path:
@@ -55,7 +60,15 @@ class JobCard:
         os.replace(tmp, self.path)
 
     def log_path(self, task: int = 0, err: bool = False) -> Path:
-        return Path(self.folder) / f"{self.job_id}_{task}_log.{'err' if err else 'out'}"
+        return Path(self.folder) / f"{self.scheduler_id}_{task}_log.{'err' if err else 'out'}"
+
+    def launcher_note(self, kind: str) -> dict:
+        """The local launcher's `waiting` or `started` note ({} when absent or unreadable)."""
+        try:
+            value = json.loads((Path(self.folder) / f"{self.scheduler_id}_{kind}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
 
     @property
     def run_dir(self) -> Path:
@@ -95,9 +108,21 @@ def all_cards(name: str | None = None, log_dir: Path | None = None) -> list[JobC
     return sorted(cards, key=lambda c: c.submitted_at)
 
 
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_job_id(job_id) -> str:
+    """A job id as text, refused if it could act as a file pattern ('*', '?', '[', '/')."""
+    text = str(job_id).strip()
+    if not JOB_ID_PATTERN.fullmatch(text):
+        raise ValueError(f"{job_id!r} is not a job id: ids are letters, digits, '_', '-' and '.', "
+                         "as returned by gpu_jobs_submitter")
+    return text
+
+
 def find_card(job_id: str, log_dir: Path | None = None) -> JobCard:
     root = log_dir or current_profile().logs
-    matches = list(root.glob(f"*/{job_id}_job.json"))
+    matches = list(root.glob(f"*/{check_job_id(job_id)}_job.json"))
     if not matches:
         raise LookupError(f"no job {job_id!r} under {root}: was it submitted with another profile or log folder?")
     return JobCard(**json.loads(matches[0].read_text()))
@@ -105,13 +130,25 @@ def find_card(job_id: str, log_dir: Path | None = None) -> JobCard:
 
 def search_log(name: str | None = None, contains: str | None = None, with_err: bool = False,
                log_dir: Path | None = None) -> list[str]:
-    """Log files of your jobs (newest last), filtered by job name and by a text in the file name (a job id)."""
+    """Log files of your jobs, job by job in submission order, then task 0, 1, ... (`[0]` is task 0 of
+    the first job), filtered by job name and by a text in the job id or the file name."""
     root = log_dir or current_profile().logs
+    if name is not None:
+        check_name_like(name)
     suffixes = ("out", "err") if with_err else ("out",)
-    paths = [p for s in suffixes for p in root.glob(f"{name or '*'}/*_log.{s}")]
-    if contains is not None:
-        paths = [p for p in paths if str(contains) in p.name]
-    return [str(p) for p in sorted(paths, key=lambda p: (p.stat().st_mtime, p.name))]
+    paths = []
+    for card in all_cards(name, root):
+        if contains is not None and str(contains) not in card.job_id and str(contains) not in card.scheduler_id \
+                and not any(str(contains) in card.log_path(t).name for t in range(card.tasks)):
+            continue
+        for task in range(card.tasks):
+            paths += [card.log_path(task, err=s == "err") for s in suffixes]
+    return [str(p) for p in paths if p.exists()]
+
+
+def check_name_like(name: str) -> None:
+    if not JOB_ID_PATTERN.fullmatch(str(name)):
+        raise ValueError(f"{name!r} is not a job name (letters, digits, '_', '-', '.')")
 
 
 def tail(path: Path, lines: int = 1) -> str:
@@ -165,24 +202,24 @@ def _squeue_state(card: JobCard) -> dict:
     return {"state": "UNKNOWN", "cause": "neither squeue nor sacct knows this job (is accounting on?)"}
 
 
-def _local_alive(job_id: str) -> bool:
-    """Is this local job's controller process still running?"""
-    job = _live_jobs.get(job_id)
+def local_alive(card: JobCard) -> bool:
+    """Is this local job's launcher (and so its controller) still running?"""
+    job = _live_jobs.get(card.job_id)
     if job is not None and getattr(job, "_process", None) is not None:
         return job._process.poll() is None  # submitted from this session: ask the process handle
-    try:  # submitted by an earlier session: the pid must still be submitit's controller
-        cmdline = Path(f"/proc/{int(job_id)}/cmdline").read_bytes()
-        state = Path(f"/proc/{int(job_id)}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    try:  # submitted by an earlier session: the pid must still be the kit's launcher for this folder
+        cmdline = Path(f"/proc/{int(card.scheduler_id)}/cmdline").read_bytes()
+        state = Path(f"/proc/{int(card.scheduler_id)}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ValueError, PermissionError, IndexError):
         return False
-    return b"submitit" in cmdline and state != "Z"
+    return b"submitit" in cmdline and card.folder.encode() in cmdline and state != "Z"
 
 
 def _result(card: JobCard):
     """submitit's result pickle of task 0, as (status, payload), or None."""
     import pickle
 
-    path = Path(card.folder) / f"{card.job_id}_0_result.pkl"
+    path = Path(card.folder) / f"{card.scheduler_id}_0_result.pkl"
     try:
         with open(path, "rb") as handle:
             return pickle.load(handle)
@@ -224,23 +261,27 @@ def job_outcome(job_id: str) -> Outcome:
 
 
 def _local_outcome(card: JobCard) -> Outcome:
-    elapsed_s = time.time() - card.submitted_at
-    if _local_alive(card.job_id):
-        return Outcome(card.job_id, "RUNNING", elapsed=_hms(elapsed_s))
+    started = card.launcher_note("started").get("started_at")
+    if local_alive(card):
+        waiting = card.launcher_note("waiting")
+        if waiting or not started:
+            return Outcome(card.job_id, "PENDING", cause=waiting.get("reason", "waiting for its devices"))
+        return Outcome(card.job_id, "RUNNING", elapsed=hms(time.time() - started))
+    started = started or card.submitted_at
     ended = max((card.log_path(t).stat().st_mtime for t in range(card.tasks) if card.log_path(t).exists()),
-                default=card.submitted_at)
-    elapsed = _hms(ended - card.submitted_at)
+                default=started)
+    elapsed = hms(ended - started)
     if card.cancelled_at:
         return Outcome(card.job_id, "CANCELLED", elapsed=elapsed)
     result = _result(card)
     if result is not None and result[0] == "success":
         return Outcome(card.job_id, "COMPLETED", "0:0", elapsed)
-    if ended - card.submitted_at >= card.time_seconds - 2:
+    if ended - started >= card.time_seconds - 2:
         return Outcome(card.job_id, "TIMEOUT", elapsed=elapsed)
     return Outcome(card.job_id, "FAILED", "1:0", elapsed)
 
 
-def _hms(seconds: float) -> str:
+def hms(seconds: float) -> str:
     seconds = int(max(0, seconds))
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
@@ -250,10 +291,10 @@ def cancel(job_id: str) -> None:
     card = find_card(str(job_id))
     if card.backend == "slurm":
         subprocess.run(["scancel", card.job_id], check=True, capture_output=True, timeout=30)
-    elif _local_alive(card.job_id):
+    elif local_alive(card):
         card.cancelled_at = time.time()
         card.save()
-        os.kill(int(card.job_id), signal.SIGINT)
+        os.kill(int(card.scheduler_id), signal.SIGINT)
 
 
 def wait(job_ids, poll_s: float = 1.0, timeout_s: float | None = None) -> list[Outcome]:

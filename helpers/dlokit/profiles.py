@@ -15,6 +15,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from . import jobenv
+
 BUILTIN_FILE = Path(__file__).with_name("profiles.toml")
 
 
@@ -45,12 +47,12 @@ class Profile:
 
     @property
     def logs(self) -> Path:
-        root = self.log_dir or os.environ.get("DLOKIT_LOG_DIR") or "dlokit_jobs"
+        root = self.log_dir or os.environ.get(jobenv.LOG_DIR) or "dlokit_jobs"
         return (Path(root).expanduser() / getpass.getuser()).absolute()
 
     @property
     def runs(self) -> Path:
-        root = self.runs_dir or os.environ.get("DLOKIT_RUNS_DIR") or "runs"
+        root = self.runs_dir or os.environ.get(jobenv.RUNS_DIR) or "runs"
         return Path(root).expanduser().absolute()
 
     def node_gpus(self) -> int:
@@ -59,18 +61,22 @@ class Profile:
             return int(self.gpus_per_node)
         import torch
 
-        return torch.cuda.device_count() or max(1, min(os.cpu_count() or 1, 8))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return torch.cuda.device_count() or max(1, min(cores, 8))
 
     def task_cpus(self, tasks_per_node: int) -> int:
+        """Cores per task. "auto": the share of one device (one GPU, or one CPU "process-GPU") of this
+        machine's cores, whatever the job's size, so that 1 and N tasks compare like 1 and N devices."""
         if self.cpus_per_task != "auto":
             return int(self.cpus_per_task)
-        return max(1, (os.cpu_count() or 1) // max(1, tasks_per_node))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // max(1, self.node_gpus()))
 
 
 def _profile_files() -> list[Path]:
     files = [BUILTIN_FILE, Path("~/.config/dlokit/profiles.toml").expanduser(), Path("dlokit_profiles.toml")]
-    if os.environ.get("DLOKIT_PROFILES"):
-        files.append(Path(os.environ["DLOKIT_PROFILES"]).expanduser())
+    if os.environ.get(jobenv.PROFILES):
+        files.append(Path(os.environ[jobenv.PROFILES]).expanduser())
     return [f for f in files if f.is_file()]
 
 
@@ -128,7 +134,7 @@ _current: Profile | None = None
 def use_profile(name: str | None = None, **overrides) -> Profile:
     """Choose where the next jobs go; returns the profile. Without a name: $DLOKIT_PROFILE or 'local'."""
     global _current
-    _current = get_profile(name or os.environ.get("DLOKIT_PROFILE", "local"), **overrides)
+    _current = get_profile(name or os.environ.get(jobenv.PROFILE, "local"), **overrides)
     return _current
 
 

@@ -16,7 +16,7 @@ from . import jobs
 from .jobspec import format_seconds
 from .profiles import current_profile
 
-COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "last_log_line"]
+COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "reason", "last_log_line"]
 
 
 def job_table(name: str | None = None) -> pd.DataFrame:
@@ -26,35 +26,37 @@ def job_table(name: str | None = None) -> pd.DataFrame:
 
 
 def _slurm_rows(name: str | None) -> list[dict]:
-    command = ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R"]
+    command = ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R|%r"]
     if name:
         command += ["-n", name]
     out = subprocess.run(command, capture_output=True, text=True, timeout=30)
     if out.returncode:
         raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
     rows = []
+    cards = {card.job_id: card for card in jobs.all_cards(name)}
     for line in out.stdout.splitlines():
-        job_id, job_name, state, elapsed, limit, nodes, node_list = line.split("|", 6)
+        job_id, job_name, state, elapsed, limit, nodes, node_list, reason = line.split("|", 7)
+        pending = state == "PENDING"
+        card = cards.get(job_id)
         rows.append(dict(job_id=job_id, name=job_name, state=state, elapsed=elapsed, time_limit=limit,
-                         nodes=int(nodes), node_list=node_list, last_log_line=_last_line(job_id)))
+                         nodes=int(nodes), node_list="" if pending else node_list,
+                         reason=reason if pending and reason != "None" else "",
+                         last_log_line=jobs.tail(card.log_path()) if card else ""))
     return rows
 
 
 def _local_rows(name: str | None) -> list[dict]:
     rows = []
     for card in jobs.all_cards(name):
-        if not jobs._local_alive(card.job_id):
+        if not jobs.local_alive(card):
             continue
-        rows.append(dict(job_id=card.job_id, name=card.name, state="RUNNING",
-                         elapsed=jobs._hms(time.time() - card.submitted_at),
-                         time_limit=format_seconds(card.time_seconds), nodes=1, node_list="localhost",
-                         last_log_line=jobs.tail(card.log_path())))
+        outcome = jobs.job_outcome(card.job_id)
+        pending = outcome.state == "PENDING"
+        rows.append(dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed or "0:00",
+                         time_limit=format_seconds(card.time_seconds), nodes=1,
+                         node_list="" if pending else "localhost", reason=outcome.cause if pending else "",
+                         last_log_line="" if pending else jobs.tail(card.log_path())))
     return rows
-
-
-def _last_line(job_id: str) -> str:
-    paths = jobs.search_log(contains=f"{job_id}_0_log")
-    return jobs.tail(paths[-1]) if paths else ""
 
 
 def _in_jupyter() -> bool:

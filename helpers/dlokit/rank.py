@@ -18,6 +18,8 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
+from . import jobenv
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -68,16 +70,17 @@ def _port_from_job_id(job_id: str | None) -> int:
 
 
 def _cpus_per_task(env) -> int:
-    for key in ("SLURM_CPUS_PER_TASK", "DLOKIT_CPUS_PER_TASK"):
-        if env.get(key, "").isdigit():
-            return int(env[key])
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return int(env["SLURM_CPUS_PER_TASK"])
+    if jobenv.cpus_per_task(env):
+        return jobenv.cpus_per_task(env)
     return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 def detect(env=None) -> DistEnv:
     """Read the process's place in the job from the environment (no side effects)."""
     env = os.environ if env is None else env
-    job_id = env.get("DLOKIT_RUN_ID") or env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
+    job_id = env.get(jobenv.RUN_ID) or env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID")
 
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])

@@ -19,18 +19,21 @@ import sys
 import time
 from pathlib import Path
 
+from . import jobenv
+
 SCHEMA_VERSION = 1
+PROCESS_START = time.time()
 
 
 def default_runs_dir() -> Path:
-    return Path(os.environ.get("DLOKIT_RUNS_DIR", "runs")).expanduser()
+    return jobenv.runs_dir()
 
 
 def default_run_id() -> str:
     """The job's id when there is one, so that every rank and the notebook agree on it."""
     env = os.environ
-    if env.get("DLOKIT_RUN_ID"):
-        return env["DLOKIT_RUN_ID"]
+    if env.get(jobenv.RUN_ID):
+        return env[jobenv.RUN_ID]
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
     for key in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"):
@@ -85,6 +88,28 @@ def describe_hardware(device=None) -> dict:
     return info
 
 
+def measurement_context() -> dict:
+    """The evidence that a measurement had its devices to itself: when, where, on which cores and
+    GPUs, how loaded the machine was, and how long the job waited for its devices."""
+    context = {
+        "started_unix": round(PROCESS_START, 3),  # the script started (this module is imported early)
+        "host": socket.gethostname(),
+        "loadavg_start": _loadavg(),
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "devices_held": jobenv.devices_held() or None,
+        "lock_waited_s": jobenv.lock_waited_s(),
+    }
+    return context
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
@@ -105,7 +130,7 @@ class RunRecorder:
         header = {
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,
-            "name": os.environ.get("DLOKIT_JOB_NAME"),  # set by the kit's submitter
+            "name": jobenv.job_name(),  # set by the kit's submitter
             "script": script or Path(sys.argv[0]).name,
             "argv": sys.argv[1:],
             "rank": rank,
@@ -113,6 +138,7 @@ class RunRecorder:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "config": config,
             "hardware": describe_hardware(device),
+            "measurement": measurement_context(),
             **(extra or {}),
         }
         self.header = header
@@ -139,7 +165,8 @@ class RunRecorder:
         if self in _open_records:
             _open_records.remove(self)
         summary = {"status": status, "run_id": self.run_id, "rank": self.rank,
-                   "wall_time_s": round(time.time() - self.started, 3), **summary}
+                   "wall_time_s": round(time.time() - self.started, 3), "ended_unix": round(time.time(), 3),
+                   "loadavg_end": _loadavg(), **summary}
         _write_json_atomic(self.folder / "summary.json", summary)
 
     def __enter__(self):

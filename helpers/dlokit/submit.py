@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import submitit
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
+from submitit.local.local import LocalJob
 
-from . import jobs
+from . import devices, jobenv, jobs
 from .jobspec import JobSpec, JobSpecError, Layout, plan, slurm_parameters
 from .profiles import Profile, current_profile
 
@@ -30,8 +34,54 @@ class ScriptTask:
 
     def __call__(self) -> str:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        env = {**os.environ, "DLOKIT_RUN_ID": submitit.JobEnvironment().job_id, **self.env}
+        env = {**os.environ, jobenv.RUN_ID: submitit.JobEnvironment().job_id, **self.env}
+        _pin_to_own_cores(env)
         return CommandFunction([self.python, "-u", *self.argv], cwd=self.cwd, env=env)()
+
+
+def _pin_to_own_cores(env: dict) -> None:
+    """On the local backend each task keeps to its device's share of the cores (inherited by the script).
+
+    Task k of a job on the CPU gets cores [k*c, (k+1)*c); on GPU g it gets the g-th slice, so two
+    jobs on two GPUs never share a core either.
+    """
+    held = [d for d in env.get(jobenv.DEVICES, "").split(",") if d]
+    cpus = jobenv.cpus_per_task(env)
+    if not held or not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    gpu_ids = [d[3:] for d in held if d.startswith("gpu")]
+    slot = int(gpu_ids[local_rank]) if gpu_ids and gpu_ids[local_rank].isdigit() else local_rank
+    mine = cores[slot * cpus:(slot + 1) * cpus] or cores[-cpus:]
+    os.sched_setaffinity(0, mine)
+    env.setdefault("OMP_NUM_THREADS", str(len(mine)))
+
+
+class DeviceLockedLocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, whose job controller starts only once the job's devices are free
+    (see dlokit.devices). Only how the controller is started differs; submitit does the rest."""
+
+    def __init__(self, folder: Path, need: int, among: list[str], name: str):
+        super().__init__(folder=folder)
+        self.need, self.among, self.name = need, among, name
+
+    def _submit_command(self, command: str) -> LocalJob:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        env = {**os.environ,  # the same variables submitit's own start_controller sets
+               "SUBMITIT_LOCAL_NTASKS": str(ntasks), "SUBMITIT_LOCAL_COMMAND": command,
+               "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+               "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+               "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
+               "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": "", "SUBMITIT_LOCAL_WITH_SHELL": "1"}
+        argv = [sys.executable, "-m", "dlokit.device_launcher", "--need", str(self.need), "--among", ",".join(self.among),
+                "--folder", str(self.folder), "--name", self.name, "--",
+                sys.executable, "-m", "submitit.local._local", str(self.folder)]
+        with open(self.folder / "launchers.log", "ab") as log:  # anything said before the launcher's own log opens
+            # a new session: a Ctrl-C in the notebook does not reach the job
+            process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                       start_new_session=True)
+        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
 
 def _executor(profile: Profile, folder: Path, layout: Layout, spec: JobSpec):
@@ -39,10 +89,21 @@ def _executor(profile: Profile, folder: Path, layout: Layout, spec: JobSpec):
         executor = submitit.SlurmExecutor(folder=folder, python=profile.python or None)
         executor.update_parameters(**slurm_parameters(spec, profile, layout))
     else:
-        executor = submitit.LocalExecutor(folder=folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        among = devices.machine_devices()
+        need = 1 if among == ["cpu"] else layout.n_gpu
+        executor = DeviceLockedLocalExecutor(folder, need=need, among=among, name=spec.name)
         executor.update_parameters(timeout_min=layout.time_seconds / 60, tasks_per_node=layout.tasks_per_node,
-                                   gpus_per_node=layout.gpus_per_node, signal_delay_s=5)
+                                   signal_delay_s=5)
     return executor
+
+
+def new_local_job_id(profile: Profile) -> str:
+    """A local job id that no earlier run or job card of this profile used (pids get recycled)."""
+    while True:
+        job_id = f"{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not (profile.runs / job_id).exists() and not list(profile.logs.glob(f"*/{job_id}_job.json")):
+            return job_id
 
 
 def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbose: bool = True) -> list[jobs.JobCard]:
@@ -65,14 +126,17 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
         folder = profile.logs / spec.name
         executor = _executor(profile, folder, layout, spec)
         python = profile.python or sys.executable
-        env = {"DLOKIT_RUNS_DIR": str(profile.runs), "PYTHONUNBUFFERED": "1",
-               "DLOKIT_CPUS_PER_TASK": str(layout.cpus_per_task), **profile.env}
-        tasks = [ScriptTask(s.argv, python, os.getcwd(), {**env, "DLOKIT_JOB_NAME": s.name, **s.env})
-                 for s, _ in members]
+        local = profile.backend == "local"
+        run_ids = [new_local_job_id(profile) if local else None for _ in members]
+        tasks = [ScriptTask(s.argv, python, os.getcwd(),
+                            {**jobenv.task_environment(runs_dir=profile.runs, job_name=s.name, run_id=run_id,
+                                                       cpus_per_task=layout.cpus_per_task), **profile.env, **s.env})
+                 for (s, _), run_id in zip(members, run_ids)]
         with executor.batch():
             submitted = [executor.submit(task) for task in tasks]
-        for (member, member_layout), job in zip(members, submitted):
-            card = jobs.JobCard(job_id=str(job.job_id), name=member.name, backend=profile.backend,
+        for (member, member_layout), job, run_id in zip(members, submitted, run_ids):
+            card = jobs.JobCard(job_id=run_id or str(job.job_id), native_id=str(job.job_id), name=member.name,
+                                backend=profile.backend,
                                 profile=profile.name, folder=str(folder), argv=member.argv,
                                 command_line=member.command_line, n_gpu=member_layout.n_gpu,
                                 nodes=member_layout.nodes, tasks=member_layout.tasks,

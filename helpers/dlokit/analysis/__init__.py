@@ -12,7 +12,8 @@ from dlokit.analysis.figures import message_figure
 from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch
 from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
-from dlokit.analysis.scaling import scaling_plot, scaling_table
+from dlokit.analysis.overlap import overlapping
+from dlokit.analysis.scaling import ScalingError, scaling_plot, scaling_table
 from dlokit.analysis.table import config_value, runs_table
 
 
@@ -23,7 +24,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["Comparison", "Run", "breakdown_pie", "compare_runs", "config_value", "dashboard",
+__all__ = ["Comparison", "Run", "ScalingError", "overlapping", "breakdown_pie", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "trace_files", "training_curves"]

@@ -7,6 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dlokit.analysis.figures import add_notes, figure_png_base64, message_figure, new_figure
+from dlokit.analysis.overlap import overlap_notes
 from dlokit.analysis.run import load_runs
 from dlokit.analysis.table import runs_table
 
@@ -21,9 +22,11 @@ class Comparison(NamedTuple):
     table: pd.DataFrame
     figure: Figure
 
-    def _repr_html_(self) -> str:
-        return (self.table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
-                + f'<img src="data:image/png;base64,{figure_png_base64(self.figure)}"/>')
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        png = figure_png_base64(self.figure)  # also as image/png, so that saved notebooks keep the chart
+        table = self.table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+        return {"text/html": table + f'<img src="data:image/png;base64,{png}"/>', "image/png": png,
+                "text/plain": self.table.to_string(index=False)}
 
 
 def _baseline_index(table: pd.DataFrame, metric: str, baseline) -> int | None:
@@ -49,9 +52,10 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
     base = _baseline_index(table, metric, baseline)
     table["ratio"] = table[metric] / table.loc[base, metric] if base is not None else float("nan")
-    table = table[["run_id", "name", "state", metric, "ratio"]]
+    table = table[["run_id", "name", "state", metric, "ratio", "overlapped_by"]]
     plotted = table[table[metric].notna()]
     notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table[table[metric].isna()].itertuples()]
+    notes += overlap_notes({r.run_id: r.overlapped_by.split(", ") for r in table.itertuples() if r.overlapped_by})
     if plotted.empty:
         return Comparison(table, message_figure(notes or ["no runs to compare"], title=metric))
     figure, axes = new_figure(size=(max(5, 1.1 * len(plotted) + 2), 4))
@@ -59,7 +63,8 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     labels = ["\n".join([str(r.run_id)] + [v for v in (r.name, r.state) if isinstance(v, str) and v != "completed"])
               for r in plotted.itertuples()]
     colors = ["tab:blue" if i != base else "tab:gray" for i in plotted.index]
-    bars = ax.bar(labels, plotted[metric], color=colors)
+    bars = ax.bar(labels, plotted[metric], color=colors,
+                  hatch=["//" if r.overlapped_by else "" for r in plotted.itertuples()])
     ax.bar_label(bars, labels=[f"×{v:.2f}" for v in plotted["ratio"]], fontsize=8)
     ax.set(ylabel=metric, title=f"{metric} (ratio to run {table.loc[base, 'run_id']})")
     ax.tick_params(axis="x", labelsize=8)

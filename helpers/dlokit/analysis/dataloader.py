@@ -8,7 +8,7 @@ from dlokit.analysis.table import runs_table
 
 TRIAL_COLUMNS = ("run_id", "state", "workers", "pin_memory", "non_blocking", "prefetch_factor",
                  "persistent_workers", "t_data", "first_step_load_s", "throughput_train",
-                 "host_rss_peak_mb")
+                 "host_rss_peak_mb", "overlapped_by")
 
 
 def dataloader_trials(runs, runs_dir=None) -> pd.DataFrame:

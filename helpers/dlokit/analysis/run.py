@@ -113,10 +113,22 @@ class Run:
         return f"<Run {self.describe_state()}>"
 
 
+def runs_folder(runs_dir=None) -> Path:
+    """runs_dir if given, else the current profile's runs folder (what the notebook's jobs write to)."""
+    if runs_dir is not None:
+        return Path(runs_dir).expanduser()
+    try:
+        from dlokit.profiles import current_profile
+
+        return current_profile().runs
+    except Exception:  # no usable profile (e.g. a broken profiles file): the plain default
+        return default_runs_dir()
+
+
 def _resolve(run_id_or_path, runs_dir) -> Path:
     text = str(run_id_or_path)
     if os.sep not in text and "/" not in text:
-        return Path(runs_dir or default_runs_dir()).expanduser() / text
+        return runs_folder(runs_dir) / text
     path = Path(text).expanduser()
     return path.parent if path.name.startswith("rank") and (path / "run.json").exists() else path
 
@@ -145,7 +157,7 @@ def load_run(run_id_or_path, runs_dir=None) -> Run:
 
 def list_run_ids(runs_dir=None) -> list[str]:
     """Run ids under runs_dir, oldest first."""
-    root = Path(runs_dir or default_runs_dir()).expanduser()
+    root = runs_folder(runs_dir)
     if not root.is_dir():
         return []
     folders = [p for p in root.iterdir() if p.is_dir() and any(p.glob("rank*"))]

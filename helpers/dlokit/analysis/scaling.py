@@ -1,38 +1,117 @@
-"""scaling_plot: speed-up and efficiency of data parallelism against the number of GPUs."""
+"""scaling_table / scaling_plot: speed-up and efficiency of data parallelism against the number of ranks.
+
+A scaling figure is only worth drawing from valid runs, so the table refuses what would mislead:
+a multi-rank run that did not wrap the model in DDP or did not shard the data (its ranks each
+trained alone, on the same images), and it names the kind of scaling — strong (same global batch)
+or weak (same per-rank batch). An efficiency above 100 % always comes with its reason.
+"""
 from __future__ import annotations
 
 import pandas as pd
 
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
-from dlokit.analysis.run import load_runs
+from dlokit.analysis.run import Run, load_runs
 from dlokit.analysis.table import runs_table
+
+DISTRIBUTED_SAMPLERS = ("DistributedSampler",)
+
+
+class ScalingError(ValueError):
+    """These runs cannot be compared as a scaling series; the message says why."""
+
+
+def check_data_parallel(run: Run) -> None:
+    """Raise ScalingError if a multi-rank run was not really data-parallel."""
+    if run.world_size <= 1:
+        return
+    observed = run.info.get("observed") or run.summary.get("observed") or {}
+    if not observed:
+        raise ScalingError(f"run {run.run_id} ({run.world_size} ranks) recorded no 'observed' block, so "
+                           "nothing shows it used DDP: it cannot be part of a scaling comparison")
+    if not observed.get("ddp_wrapped"):
+        raise ScalingError(f"run {run.run_id} ran {run.world_size} ranks without DistributedDataParallel: each "
+                           "rank trained its own model, so its throughput is not a data-parallel speed-up "
+                           "(complete TP2.2: wrap the model in DDP)")
+    sampler = observed.get("sampler")
+    if sampler is not None and sampler not in DISTRIBUTED_SAMPLERS:
+        raise ScalingError(f"run {run.run_id} ran {run.world_size} ranks with a {sampler}: every rank read the "
+                           "whole data set instead of its own shard (complete TP2.2: a DistributedSampler)")
+
+
+def scaling_kind(table: pd.DataFrame) -> str:
+    """'strong' (same global batch), 'weak' (same per-rank batch) or 'mixed'."""
+    if table["global_batch_size"].nunique(dropna=True) <= 1:
+        return "strong"
+    if table["batch_size"].nunique(dropna=True) <= 1:
+        return "weak"
+    return "mixed"
+
+
+KIND_TEXT = {"strong": "strong scaling: the same global batch split over more ranks",
+             "weak": "weak scaling: the same batch per rank, so the global batch grows with the ranks",
+             "mixed": "neither strong nor weak scaling: per-rank AND global batch sizes differ between runs, "
+                      "so the speed-up mixes two effects"}
+
+
+def _above_ideal_reason(row, base, kind: str) -> str:
+    if base["overlapped_by"]:
+        return f"the baseline run {base['run_id']} overlapped {base['overlapped_by']}, so it was slowed down"
+    if kind == "strong":
+        return ("superlinear: with the same global batch each rank computes a smaller batch, which can fit "
+                "the caches better; check the measurement before believing it")
+    return ("above the ideal: the baseline was slower than one device should be (look at its load average "
+            "in run.json 'measurement'); run both again")
 
 
 def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
-    """Best throughput per world size; speed-up and efficiency relative to the smallest world size."""
-    table = runs_table(load_runs(runs, runs_dir))
+    """Best throughput per world size; speed-up and efficiency relative to the smallest world size.
+
+    Raises ScalingError for a multi-rank run without DDP or a distributed sampler. The table's
+    `attrs["kind"]` says strong/weak/mixed; `note` explains an efficiency above 100 % or an overlap."""
+    runs = load_runs(runs, runs_dir)
+    for run in runs:
+        check_data_parallel(run)
+    table = runs_table(runs)
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
     usable = table.dropna(subset=[metric])
+    columns = ["world_size", "run_id", "batch_size", "global_batch_size", metric, "speedup", "ideal", "efficiency",
+               "overlapped_by", "note"]
     if usable.empty:
-        return pd.DataFrame(columns=["world_size", "run_id", metric, "speedup", "ideal", "efficiency"])
+        return pd.DataFrame(columns=columns)
     best = usable.loc[usable.groupby("world_size")[metric].idxmax()].sort_values("world_size")
     base = best.iloc[0]
-    out = best[["world_size", "run_id", metric]].reset_index(drop=True)
+    out = best[["world_size", "run_id", "batch_size", "global_batch_size", metric, "overlapped_by"]].reset_index(drop=True)
     out["speedup"] = out[metric] / base[metric]
     out["ideal"] = out["world_size"] / base["world_size"]
     out["efficiency"] = out["speedup"] / out["ideal"]
-    return out
+    kind = scaling_kind(out)
+    notes = []
+    for row in out.itertuples():
+        note = []
+        if row.efficiency > 1.0 + 1e-9:
+            note.append(f"efficiency {100 * row.efficiency:.0f} % > 100 %: "
+                        + _above_ideal_reason(row, base, kind))
+        if row.overlapped_by:
+            note.append(f"overlapped run(s) {row.overlapped_by}: not a valid measurement")
+        notes.append("; ".join(note))
+    out["note"] = notes
+    out.attrs["kind"] = kind
+    out.attrs["kind_text"] = KIND_TEXT[kind]
+    return out[columns]
 
 
 def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
     """Speed-up vs world size with the ideal line (left) and parallel efficiency (right)."""
     runs = load_runs(runs, runs_dir)
-    scaling = scaling_table(runs, metric=metric)
+    try:
+        scaling = scaling_table(runs, metric=metric)
+    except ScalingError as error:
+        return message_figure(["not a valid scaling comparison:", *_wrap(str(error))], title="scaling")
     table = runs_table(runs)
-    notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table.itertuples()
-             if pd.isna(getattr(r, metric))]
+    notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table.itertuples() if pd.isna(getattr(r, metric))]
     if scaling.empty:
         return message_figure(notes or ["no runs"], title="scaling")
+    notes += [f"world size {r.world_size}: {r.note}" for r in scaling.itertuples() if r.note]
     figure, axes = new_figure(1, 2, size=(10, 4))
     left, right = axes[0]
     left.plot(scaling["world_size"], scaling["ideal"], "--", color="tab:gray", label="ideal")
@@ -46,5 +125,15 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(scaling["world_size"], [str(w) for w in scaling["world_size"]])
+    for row in scaling.itertuples():
+        if row.efficiency > 1.0 + 1e-9 or row.overlapped_by:
+            right.annotate("see note", (row.world_size, 100 * row.efficiency), fontsize=8, color="tab:red")
+    figure.suptitle(scaling.attrs["kind_text"], fontsize=9)
     add_notes(figure, notes)
     return figure
+
+
+def _wrap(text: str, width: int = 90) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)

@@ -27,7 +27,7 @@ COLUMNS = ("run_id", "name", "state", "script", "model", "batch_size", "global_b
            "channels_last", "workers", "pin_memory", "non_blocking", "prefetch_factor",
            "persistent_workers", "world_size", "steps", "throughput_train", "throughput_compute",
            *SPLITS, "first_step_load_s", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j",
-           "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error")
+           "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error", "overlapped_by")
 
 
 def config_value(run: Run, key: str, default=None):
@@ -121,6 +121,13 @@ def run_row(run: Run) -> dict:
 
 
 def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
-    """One row per run (ids, paths or Run objects; default: every run under runs_dir)."""
+    """One row per run (ids, paths or Run objects; default: every run under runs_dir).
+
+    `overlapped_by` lists the runs that ran at the same time on the same devices (see overlap.py):
+    such a row's speed is not a valid measurement."""
+    from dlokit.analysis.overlap import overlapping
+
     runs = load_runs(runs, runs_dir)
-    return pd.DataFrame([run_row(r) for r in runs], columns=list(COLUMNS))
+    overlaps = overlapping(runs)
+    rows = [{**run_row(r), "overlapped_by": ", ".join(overlaps.get(r.run_id, []))} for r in runs]
+    return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -1,0 +1,146 @@
+"""Measurements run alone: on the local backend a job waits until the devices it needs are free.
+
+A device is one local GPU or, on a machine without GPUs, the whole CPU. Each device is a lock file
+(the `filelock` library: an OS-level flock, which the kernel drops when its holder exits, crashed or
+killed, so a lock can never go stale). Every local job is started through the launcher (dlokit.device_launcher):
+
+    python -m dlokit.device_launcher --need 1 --among gpu0,gpu1 --folder F -- python -m submitit.local._local F
+
+It queues (first come, first served among jobs that want the same devices), takes the
+locks, points CUDA_VISIBLE_DEVICES at the GPUs it got, and runs submitit's job controller as its
+child, forwarding signals to it. Its pid is the job's native id; while it waits, a
+`<pid>_waiting.json` file in the job folder says for what, which the queue and `job_outcome` show as
+PENDING. Cancelling a waiting job ends the launcher before anything started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from . import jobenv
+
+POLL_S = 0.25
+
+
+def lock_dir() -> Path:
+    """Shared by every user and profile of this machine: two measurements on one machine never overlap."""
+    path = Path(os.environ.get(jobenv.LOCK_DIR) or "/tmp/dlokit-locks")
+    (path / "queue").mkdir(parents=True, exist_ok=True)
+    for folder in (path, path / "queue"):
+        try:
+            folder.chmod(0o1777)
+        except PermissionError:  # created by another user, who already opened it up
+            pass
+    return path
+
+
+def machine_devices() -> list[str]:
+    """The lockable devices of this machine, as the notebook process sees them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        return [f"gpu{v.strip()}" for v in visible.split(",") if v.strip()]
+    import torch
+
+    count = torch.cuda.device_count()
+    return [f"gpu{k}" for k in range(count)] if count else ["cpu"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited child its parent has not reaped yet is a zombie: it holds nothing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def holders(devices: list[str], root: Path | None = None) -> dict[str, dict]:
+    """Who holds each of these devices now (pid, job name, since), from the holders' own notes."""
+    root = root or lock_dir()
+    found = {}
+    for device in devices:
+        note = _read_json(root / f"{device}.holder.json")
+        if note.get("pid") and _alive(int(note["pid"])):
+            found[device] = note
+    return found
+
+
+class DeviceQueue:
+    """One waiting job: its ticket in the queue, and the locks it takes once its turn has come."""
+
+    def __init__(self, need: int, among: list[str], name: str, root: Path | None = None):
+        if need > len(among):
+            raise ValueError(f"{need} device(s) needed but this machine has {len(among)}: {', '.join(among)}")
+        self.need, self.among, self.name = need, among, name
+        self.root = root or lock_dir()
+        self.ticket = self.root / "queue" / f"{time.time_ns():020d}-{os.getpid()}.json"
+        write_json(self.ticket, {"pid": os.getpid(), "among": among, "name": name})
+        self.locks: list[FileLock] = []
+        self.held: list[str] = []
+
+    def _my_turn(self) -> bool:
+        """No older live ticket wants any of my devices (dead tickets are cleaned up)."""
+        for ticket in sorted((self.root / "queue").glob("*.json")):
+            if ticket.name >= self.ticket.name:
+                return True
+            note = _read_json(ticket)
+            pid = int(note.get("pid") or 0)
+            if not pid or not _alive(pid):
+                ticket.unlink(missing_ok=True)
+            elif set(note.get("among", [])) & set(self.among):
+                return False
+        return True
+
+    def try_acquire(self) -> bool:
+        """Take `need` free devices, all or none (holding some while waiting could deadlock two jobs)."""
+        if not self._my_turn():
+            return False
+        for device in self.among:
+            lock = FileLock(self.root / f"{device}.lock", mode=0o666)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            self.locks.append(lock)
+            self.held.append(device)
+            if len(self.held) == self.need:
+                break
+        if len(self.held) < self.need:
+            self.release()
+            return False
+        for device in self.held:
+            write_json(self.root / f"{device}.holder.json",
+                        {"pid": os.getpid(), "name": self.name, "since": time.time()})
+        self.ticket.unlink(missing_ok=True)
+        return True
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks, self.held = [], []
+
+    def leave(self) -> None:
+        self.ticket.unlink(missing_ok=True)
+        self.release()

@@ -1,0 +1,69 @@
+"""The environment contract between the kit's submitter, the training scripts and the analysis.
+
+Every `DLOKIT_*` variable is named here and nowhere else in the package. The submitter writes them
+into each task's environment (`task_environment`); scripts and the run recorder read them through
+the functions below, so a script run by hand (no kit) still gets sensible defaults.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# chosen in the notebook (or the shell) before submitting
+PROFILE = "DLOKIT_PROFILE"          # profile name used when none is given
+PROFILES = "DLOKIT_PROFILES"        # an extra profiles.toml
+LOG_DIR = "DLOKIT_LOG_DIR"          # where job logs and job cards go
+LOCK_DIR = "DLOKIT_LOCK_DIR"        # where the local backend's device locks live
+
+# written by the submitter into every task
+RUNS_DIR = "DLOKIT_RUNS_DIR"        # where run records go
+RUN_ID = "DLOKIT_RUN_ID"            # the job id: every rank writes <runs dir>/<run id>/rank<k>/
+JOB_NAME = "DLOKIT_JOB_NAME"        # the job name given in the cell (the student's nickname)
+CPUS_PER_TASK = "DLOKIT_CPUS_PER_TASK"  # cores this task may use (its device's share)
+
+# written by the local backend's device launcher (dlokit.devices)
+DEVICES = "DLOKIT_DEVICES"          # the devices this job holds: "cpu" or "gpu0,gpu1"
+LOCK_WAITED_S = "DLOKIT_LOCK_WAITED_S"  # how long the job waited for them
+
+# read by scripts as a default for --data
+DATA = "DLOKIT_DATA"
+
+
+def task_environment(*, runs_dir: Path, job_name: str, cpus_per_task: int, run_id: str | None = None) -> dict:
+    """What the submitter exports to every task of a job."""
+    env = {RUNS_DIR: str(runs_dir), JOB_NAME: job_name, CPUS_PER_TASK: str(cpus_per_task), "PYTHONUNBUFFERED": "1"}
+    if run_id:
+        env[RUN_ID] = run_id
+    return env
+
+
+def runs_dir(default: str = "runs") -> Path:
+    return Path(os.environ.get(RUNS_DIR, default)).expanduser()
+
+
+def run_id() -> str | None:
+    return os.environ.get(RUN_ID) or None
+
+
+def job_name() -> str | None:
+    return os.environ.get(JOB_NAME) or None
+
+
+def cpus_per_task(env=None) -> int | None:
+    value = (os.environ if env is None else env).get(CPUS_PER_TASK, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def devices_held() -> list[str]:
+    return [d for d in os.environ.get(DEVICES, "").split(",") if d]
+
+
+def lock_waited_s() -> float | None:
+    try:
+        return float(os.environ[LOCK_WAITED_S])
+    except (KeyError, ValueError):
+        return None
+
+
+def data_default() -> str | None:
+    return os.environ.get(DATA) or None
