@@ -11,10 +11,11 @@ from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
 from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
 from .queue import display_slurm_queue, job_table
 from .submit import gpu_jobs_submitter, submit
+from .day import Day, setup_day
 
 __version__ = "0.1.0"
 __all__ = [
-    "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "ProfileError", "cancel", "current_profile",
+    "Day", "setup_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "ProfileError", "cancel", "current_profile",
     "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
     "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
 ]

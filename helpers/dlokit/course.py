@@ -1,6 +1,7 @@
 """Run the course notebooks headless (papermill) and keep the executed notebooks and their plots.
 
-    python -m dlokit.course --out output                       # every day, small parameters
+    python -m dlokit.course --out output                       # every day, on the reference solutions
+    python -m dlokit.course --out output --student             # on the student scripts (TODOs undone)
     python -m dlokit.course --out output notebooks/day1_single_gpu.ipynb -p PROFILE local-slurm
 
 Executed notebooks go to <out>/, every PNG they display to <out>/plots/<notebook>_<n>.png.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb"))
+SOLUTION_SCRIPTS = "../tp_scripts/solutions"  # the notebooks' SCRIPTS parameter, relative to notebooks/
 
 
 def extract_plots(executed: Path, plots_dir: Path) -> list[Path]:
@@ -55,21 +57,34 @@ def _parse_parameters(pairs: list[list[str]]) -> dict:
     return parameters
 
 
+def _known(parameters: dict, notebook: Path) -> dict:
+    """The course-wide SCRIPTS default only goes to notebooks that have such a parameter."""
+    cells = json.loads(notebook.read_text()).get("cells", [])
+    source = "".join("".join(c.get("source", "")) for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    return {k: v for k, v in parameters.items() if k != "SCRIPTS" or "SCRIPTS" in source}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.course", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/day*.ipynb")
     parser.add_argument("--out", type=Path, default=REPO / "output")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="notebook parameter (JSON value or string), e.g. -p PROFILE local-slurm")
+    parser.add_argument("--student", action="store_true",
+                        help="run the student scripts (tp_scripts/, TODOs as the student left them) instead of the "
+                             "reference solutions")
     args = parser.parse_args(argv)
     notebooks = args.notebooks or DEFAULT_NOTEBOOKS
-    parameters = _parse_parameters(args.parameter)
+    parameters = {} if args.student else {"SCRIPTS": SOLUTION_SCRIPTS}
+    parameters.update(_parse_parameters(args.parameter))
+    print(f"running the notebooks on {'the student scripts' if 'SCRIPTS' not in parameters else parameters['SCRIPTS']}"
+          f" (profile {parameters.get('PROFILE', 'from each notebook')})", flush=True)
     failed = []
     for index, notebook in enumerate(notebooks, 1):
         start = time.time()
         print(f"[{index}/{len(notebooks)}] running {notebook.name} ...", flush=True)
         try:
-            executed = run_notebook(notebook.resolve(), args.out.resolve(), parameters)
+            executed = run_notebook(notebook.resolve(), args.out.resolve(), _known(parameters, notebook))
         except Exception as err:  # papermill saves the partly executed notebook; report and go on
             print(f"    FAILED after {time.time() - start:.0f} s: {str(err).strip().splitlines()[-1]}", flush=True)
             print(f"    see {args.out / notebook.name}", flush=True)

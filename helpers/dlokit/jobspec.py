@@ -181,7 +181,7 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         "cpus_per_task": layout.cpus_per_task,
         "time": layout.time_minutes,
         "signal_delay_s": min(90, max(5, layout.time_seconds // 10)),  # submitit's warning before the limit
-        "setup": list(profile.setup) + ([f"module load {shlex.quote(spec.module)}"] if spec.module else []),
+        "setup": setup_lines(spec, profile)[0],
     }
     if profile.gres_style == "gpus-per-node":
         params["gpus_per_node"] = layout.gpus_per_node
@@ -191,7 +191,7 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         value = getattr(spec, key) or getattr(profile, key)
         if value:
             params[key] = str(value)
-    if spec.exclusive:
+    if spec.exclusive or profile.exclusive_measurements:
         params["exclusive"] = True
     extra = {**({"hint": "nomultithread"} if profile.hint_nomultithread else {}), **profile.sbatch}
     if extra:
@@ -200,6 +200,27 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         if isinstance(value, str) and any(ch in value for ch in "\n\r"):
             raise JobSpecError(f"{key} {value!r} contains a line break")
     return params
+
+
+def uses_modules(lines) -> bool:
+    return any(line.split()[:1] == ["module"] for line in lines)
+
+
+def setup_lines(spec: JobSpec, profile: Profile) -> tuple[list[str], str]:
+    """The shell lines run before srun, and a notice for the cell ('' if none).
+
+    A cell's `module` replaces the profile's last `module load` line (one PyTorch module, not two);
+    on a profile without environment modules it is left out, so cells written for the original
+    course still run unchanged."""
+    lines = list(profile.setup)
+    if not spec.module:
+        return lines, ""
+    loads = [i for i, line in enumerate(lines) if line.split()[:2] == ["module", "load"]]
+    if not loads:
+        return lines, (f"note: module {spec.module!r} left out: profile {profile.name!r} loads no modules "
+                       "(its nodes use the Python environment set in the profile)")
+    lines[loads[-1]] = f"module load {shlex.quote(spec.module)}"
+    return lines, ""
 
 
 def sbatch_preview(spec: JobSpec, profile: Profile, folder: str | Path | None = None) -> str:

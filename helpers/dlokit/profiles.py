@@ -37,6 +37,9 @@ class Profile:
     qos: str = ""
     constraint: str = ""
     hint_nomultithread: bool = False
+    # every job asks for whole nodes (--exclusive), so that two measurements never share cores: for
+    # nodes whose "GPUs" are not real and the training runs on the CPU (the project's local Slurm)
+    exclusive_measurements: bool = False
     setup: tuple[str, ...] = ()
     python: str = ""
     log_dir: str = ""  # default: ./dlokit_jobs/<user>

@@ -19,9 +19,12 @@ from .profiles import current_profile
 COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "reason", "last_log_line"]
 
 
-def job_table(name: str | None = None) -> pd.DataFrame:
-    """My active jobs (optionally only those with this job name) as a DataFrame."""
+def job_table(name: str | None = None, job_ids=None) -> pd.DataFrame:
+    """My active jobs (optionally only those with this job name, or these ids) as a DataFrame."""
     rows = _slurm_rows(name) if current_profile().backend == "slurm" else _local_rows(name)
+    if job_ids is not None:
+        wanted = {str(i) for i in job_ids}
+        rows = [row for row in rows if row["job_id"] in wanted]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -68,20 +71,21 @@ def _in_jupyter() -> bool:
     return shell is not None and "ZMQ" in type(shell).__name__
 
 
-def display_slurm_queue(name: str | None = None, timestep: float = 5.0, timeout_s: float | None = None) -> pd.DataFrame:
-    """Show my jobs (those named `name`), refresh every `timestep` s, return once none is left.
+def display_slurm_queue(name: str | None = None, timestep: float = 5.0, timeout_s: float | None = None,
+                        job_ids=None) -> pd.DataFrame:
+    """Show my jobs (those named `name`, or only `job_ids`), refresh every `timestep` s, return once none is left.
 
     Returns the last non-empty table seen, so a notebook can look at what ran.
     """
     if _in_jupyter():
-        return _watch_widget(name, timestep, timeout_s)
-    return _watch_text(name, timestep, timeout_s)
+        return _watch_widget(name, timestep, timeout_s, job_ids)
+    return _watch_text(name, timestep, timeout_s, job_ids)
 
 
-def _watch_text(name, timestep, timeout_s) -> pd.DataFrame:
-    start, last_text, last = time.time(), None, job_table(name)
+def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
+    start, last_text, last = time.time(), None, job_table(name, job_ids)
     while True:
-        table = job_table(name)
+        table = job_table(name, job_ids)
         text = table.drop(columns=["elapsed"]).to_string(index=False) if len(table) else "no job left in the queue"
         if text != last_text:
             print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
@@ -113,7 +117,7 @@ def _table_html(table: pd.DataFrame, name: str | None) -> str:
     return f"{STYLE}<p>{title} at {time.strftime('%H:%M:%S')} (refreshing)</p>{body}"
 
 
-def _watch_widget(name, timestep, timeout_s) -> pd.DataFrame:
+def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     import ipywidgets as widgets
     from IPython.display import display
     from jupyter_ui_poll import ui_events
@@ -136,11 +140,11 @@ def _watch_widget(name, timestep, timeout_s) -> pd.DataFrame:
         button.on_click(on_click)
         return button
 
-    start, last = time.time(), job_table(name)
+    start, last = time.time(), job_table(name, job_ids)
     shown_ids: list[str] = []
     with ui_events() as process_clicks:
         while True:
-            table = job_table(name)
+            table = job_table(name, job_ids)
             board.value = _table_html(table, name)
             ids = [i for i in table["job_id"] if i not in cancelled]
             if ids != shown_ids:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 from submitit.local.local import LocalJob
 
 from . import devices, jobenv, jobs
-from .jobspec import JobSpec, JobSpecError, Layout, plan, slurm_parameters
+from .jobspec import JobSpec, JobSpecError, Layout, plan, setup_lines, slurm_parameters, uses_modules
 from .profiles import Profile, current_profile
 
 
@@ -117,6 +116,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
     if profile.backend == "slurm" and not _have_sbatch():
         raise JobSpecError(f"profile {profile.name!r} submits to Slurm but 'sbatch' is not on PATH here; "
                            "use dlokit.use_profile('local') or run on the cluster's login node")
+    if profile.backend == "slurm":
+        _check_module_system(specs, profile, verbose)
 
     cards = []
     groups = itertools.groupby(sorted(zip(specs, layouts), key=lambda p: _group_key(*p)), key=lambda p: _group_key(*p))
@@ -156,6 +157,20 @@ def _group_key(spec: JobSpec, layout: Layout):
             spec.constraint or "", spec.account or "", spec.exclusive)
 
 
+def _check_module_system(specs: list[JobSpec], profile: Profile, verbose: bool) -> None:
+    """A `module` line where there are no environment modules would only fail inside the job: say it now."""
+    notices = {setup_lines(spec, profile)[1] for spec in specs} - {""}
+    if verbose:
+        for notice in sorted(notices):
+            print(notice)
+    has_modules = any(os.environ.get(key) for key in ("MODULESHOME", "LMOD_CMD", "MODULEPATH"))
+    if uses_modules(profile.setup) and not has_modules:
+        raise JobSpecError(f"profile {profile.name!r} loads environment modules ({'; '.join(profile.setup)}) but "
+                           "this machine has none ($MODULESHOME is not set): the job would fail with "
+                           "'module: command not found'. Remove the module lines from the profile's `setup`, "
+                           "or submit from the cluster's login node")
+
+
 def _have_sbatch() -> bool:
     from shutil import which
 
@@ -164,11 +179,13 @@ def _have_sbatch() -> bool:
 
 def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_gpu_per_task=1,
                        time_max="00:10:00", qos=None, partition=None, constraint=None, cpus_per_task=None,
-                       exclusive=False, account=None, verbose=True, **ignored) -> list[str]:
+                       exclusive=False, account=None, verbose=True, wait=False, refresh_s=5.0,
+                       **ignored) -> list[str]:
     """Submit one job per (command, GPU count) combination; returns the job ids.
 
     Course-compatible signature: `command_or_list` is a command line such as
     'train_classifier.py --batch-size 64' or a list of them, `n_gpu` an int or a list of ints.
+    `wait=True` then shows the live queue of these jobs (dlokit.display_slurm_queue) until they end.
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
@@ -179,5 +196,10 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
                                   module=module, qos=qos, partition=partition, constraint=constraint,
                                   account=account, cpus_per_task=cpus_per_task, exclusive=exclusive)
              for cmd in commands for gpus in gpu_counts]
-    return [card.job_id for card in submit(specs, profile, verbose=verbose)]
+    ids = [card.job_id for card in submit(specs, profile, verbose=verbose)]
+    if wait:
+        from .queue import display_slurm_queue
+
+        display_slurm_queue(name, timestep=refresh_s, job_ids=ids)
+    return ids
 

@@ -9,7 +9,7 @@ from dlokit.analysis.curves import training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
-from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch
+from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch, throughput_vs_batch
 from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import overlapping
@@ -27,4 +27,4 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
 __all__ = ["Comparison", "Run", "ScalingError", "overlapping", "breakdown_pie", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
-           "scaling_plot", "scaling_table", "trace_files", "training_curves"]
+           "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves"]

@@ -61,3 +61,30 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
     ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure
+
+
+def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_train"):
+    """Throughput against batch size (the batch scan), with the out-of-memory batch sizes marked."""
+    table = runs_table(load_runs(runs, runs_dir))
+    table[metric] = pd.to_numeric(table[metric], errors="coerce")
+    measured = table[~table["oom"]].dropna(subset=["batch_size", metric]).sort_values("batch_size")
+    ooms = table[table["oom"]].dropna(subset=["batch_size"])
+    notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table.itertuples()
+             if not r.oom and pd.isna(getattr(r, metric))]
+    notes += [f"⚠ run {r.run_id} overlapped {r.overlapped_by}: not a valid measurement"
+              for r in table.itertuples() if r.overlapped_by]
+    if measured.empty:
+        return message_figure(notes or ["no runs"], title="throughput vs batch size")
+    figure, axes = new_figure()
+    ax = axes[0, 0]
+    ax.plot(measured["batch_size"], measured[metric], "o-", color="tab:blue", label=metric)
+    for b in ooms["batch_size"]:
+        ax.axvline(b, color="tab:red", alpha=0.4, label="out of memory" if b == ooms["batch_size"].iloc[0] else None)
+    best = measured.loc[measured[metric].idxmax()]
+    ax.annotate(f"best: batch {int(best['batch_size'])}", (best["batch_size"], best[metric]), fontsize=8,
+                xytext=(5, -12), textcoords="offset points")
+    ax.set(xlabel="batch size (per GPU)", ylabel="images / s", title="throughput vs batch size", xscale="log")
+    ax.set_xticks(measured["batch_size"], [str(int(b)) for b in measured["batch_size"]])
+    ax.legend(fontsize=8)
+    add_notes(figure, notes)
+    return figure

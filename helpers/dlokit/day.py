@@ -1,0 +1,130 @@
+"""One call sets up a course day: the profile, the training script, the data, and a command builder.
+
+    day = dlokit.setup_day(NICKNAME, PROFILE, SCRIPTS, data=DATA, model=MODEL, image_size=IMAGE_SIZE,
+                           batch_size=BATCH_SIZE, steps=STEPS)
+    ids = day.submit(day.command("--amp", "bf16"))     # submits, shows the live queue, returns the ids
+    analysis.compare_runs(ids)                          # views read the profile's runs folder
+
+The cell -> helper -> script path is one hop each: `day.command` writes the command line of
+`<SCRIPTS>/train_classifier.py`, `day.submit` is `dlokit.gpu_jobs_submitter(..., wait=True)`.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .profiles import Profile, use_profile
+from .submit import gpu_jobs_submitter
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_MAKER = REPO / "data" / "make_synthetic_imagenet.py"
+
+
+@dataclass
+class Day:
+    nickname: str
+    profile: Profile
+    script: Path
+    data: str
+    model: str = "resnet18"
+    image_size: int = 64
+    batch_size: int = 16
+    steps: int = 10
+    time_max: str = "00:10:00"
+    refresh_s: float = 5.0
+    submitted: list = field(default_factory=list)
+
+    @property
+    def runs(self) -> Path:
+        return self.profile.runs
+
+    @property
+    def solutions(self) -> bool:
+        """Is this day running the reference solutions (the course runner's default)?"""
+        return self.script.resolve().parent.name == "solutions"
+
+    def command(self, *options, batch_size: int | None = None, steps: int | None = None) -> str:
+        """The command line of one timed `--test` job of the training script, with the TP's options."""
+        argv = [str(self.script), "--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
+                "--batch-size", str(batch_size or self.batch_size), "--test", "--test-nsteps", str(steps or self.steps),
+                "--print-every", "1", *map(str, options)]
+        return shlex.join(argv)
+
+    def submit(self, commands, n_gpu=1, wait: bool = True, **options) -> list[str]:
+        """Submit (one job per command x GPU count), show the live queue until they end, return the ids."""
+        ids = gpu_jobs_submitter(commands, n_gpu=n_gpu, name=self.nickname, time_max=self.time_max, wait=wait,
+                                 refresh_s=self.refresh_s, **options)
+        self.submitted += ids
+        return ids
+
+    # ---- what one day hands to the next (e.g. the batch size Day 1 chose) ----------------------
+    @property
+    def _notes_path(self) -> Path:
+        return self.runs / f"course-notes-{self.nickname}.json"
+
+    def remember(self, **values) -> None:
+        notes = self.recall()
+        notes.update(values)
+        self._notes_path.parent.mkdir(parents=True, exist_ok=True)
+        self._notes_path.write_text(json.dumps(notes, indent=1))
+
+    def recall(self, key: str | None = None, default=None):
+        try:
+            notes = json.loads(self._notes_path.read_text())
+        except (OSError, ValueError):
+            notes = {}
+        notes = notes if isinstance(notes, dict) else {}
+        return notes if key is None else notes.get(key, default)
+
+    def describe(self) -> str:
+        mode = "the reference SOLUTIONS" if self.solutions else "YOUR script (student mode)"
+        lines = [f"profile {self.profile.name!r}: {self.profile.description}",
+                 f"  backend {self.profile.backend}, {self.profile.node_gpus()} GPU(s) (or CPU processes) per node",
+                 f"  training script {self.script} -> {mode}",
+                 f"  data {self.data}", f"  job logs in {self.profile.logs}", f"  run records in {self.runs}"]
+        if self.profile.backend == "local":
+            lines.append("  measurements run alone: a job waits while another holds the devices it needs "
+                         "(each GPU, or the whole CPU), and each task keeps to its device's share of the cores")
+        elif self.profile.exclusive_measurements:
+            lines.append("  measurements run alone: every job asks Slurm for whole nodes (--exclusive), "
+                         "so two measurements never share cores")
+        return "\n".join(lines)
+
+
+def synthetic_data(train_per_class: int, image_size: int, classes: int = 10) -> str:
+    """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused)."""
+    source_size = max(64, image_size * 5 // 4)  # a little larger than the crop, like ImageNet photos
+    folder = REPO / "data" / "generated" / f"shapes-{train_per_class}x{classes}-{source_size}px"
+    if not (folder / "train").is_dir():
+        subprocess.run([sys.executable, str(DATA_MAKER), "--out", str(folder), "--classes", str(classes),
+                        "--train-per-class", str(train_per_class), "--val-per-class", str(max(4, train_per_class // 5)),
+                        "--size", str(source_size)], check=True)
+    return str(folder)
+
+
+def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = None, train_per_class: int = 32,
+              model: str = "resnet18", image_size: int = 64, batch_size: int = 16, steps: int = 10,
+              time_max: str = "00:10:00", refresh_s: float = 5.0, script: str = "train_classifier.py",
+              verbose: bool = True) -> Day:
+    """Choose the profile, find the training script, make or find the data; returns the Day."""
+    chosen = use_profile(profile)
+    path = Path(scripts) / script
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: SCRIPTS should be '../tp_scripts' (your script) or "
+                                "'../tp_scripts/solutions' (the reference); regenerate yours with "
+                                "`python -m dlokit.material build` at the top of the repository")
+    if data is None:
+        data = synthetic_data(train_per_class, image_size)
+    elif data != "synthetic" and not (Path(data) / "train").is_dir():
+        raise FileNotFoundError(f"DATA={data!r} has no train/ folder: give an ImageNet-layout folder "
+                                "(train/<class>/*.JPEG, val/...) or None to generate a small synthetic one")
+    data = data if data == "synthetic" else str(Path(data).resolve())
+    day = Day(nickname, chosen, path, data, model=model, image_size=image_size, batch_size=batch_size,
+              steps=steps, time_max=time_max, refresh_s=refresh_s)
+    if verbose:
+        print(day.describe())
+    return day
