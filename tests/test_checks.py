@@ -27,8 +27,8 @@ PROFILED = ["--profile", "--profile-wait", "1", "--profile-warmup", "1", "--prof
 TUNED = ["--num-workers", "1", "--prefetch-factor", "3", "--persistent-workers"]
 RUNS = {  # run id -> (script folder, processes, options)
     "sol-base": ("solutions", 1, ["--num-workers", "0"]),
-    "sol-fast": ("solutions", 1, ["--amp", "bf16", "--channels-last", *PROFILED, *TUNED]),
-    "stu-fast": ("student", 1, ["--amp", "bf16", "--channels-last", *PROFILED, *TUNED]),
+    "sol-fast": ("solutions", 1, ["--amp", "bf16", "--channels-last", "--augment", "mixup", *PROFILED, *TUNED]),
+    "stu-fast": ("student", 1, ["--amp", "bf16", "--channels-last", "--augment", "mixup", *PROFILED, *TUNED]),
     "sol-ddp": ("solutions", 2, [*PROFILED, "--num-workers", "0"]),
     "stu-ddp": ("student", 2, ["--num-workers", "0"]),
 }
@@ -40,6 +40,9 @@ def records(tmp_path_factory):
     root = tmp_path_factory.mktemp("checks")
     student = root / "student"
     build(REPO / "tp_scripts" / "solutions", student)  # the untouched student version, as students get it
+    for module in (REPO / "tp_scripts").glob("*.py"):  # the shared modules it imports live beside it
+        if not (student / module.name).exists():
+            shutil.copy(module, student / module.name)
     folders = {"solutions": REPO / "tp_scripts" / "solutions", "student": student}
     data = root / "data"
     subprocess.run([PYTHON, str(REPO / "data" / "make_synthetic_imagenet.py"), "--out", str(data), "--classes", "2",
@@ -82,6 +85,26 @@ def test_solution_passes_every_day1_check(in_runs):
     assert "data, forward, backward, optimizer" in " ".join(result.details)
 
 
+def test_solution_is_never_failed_here(in_runs):
+    """On the solution's runs every check is ✅ or ➖ (not applicable on this hardware), with a reason."""
+    import torch
+
+    results = [checks.completed(["sol-base"]), checks.on_device(["sol-base", "sol-fast"]),
+               checks.amp("sol-base", ["sol-fast"]), checks.tf32("sol-base", ["sol-base"]),
+               checks.channels_last(["sol-fast"], baseline_id="sol-base"), checks.profiler(["sol-fast"]),
+               checks.dataloader("sol-base", "sol-fast"), checks.ddp(["sol-base", "sol-ddp"], world_size=2),
+               checks.sync_bn(["sol-ddp"]), checks.augmentation(["sol-fast"], baseline_id="sol-base")]
+    for result in results:
+        assert result.status != checks.FAILED, result
+        for part in result.parts:
+            assert part.status != checks.FAILED, result
+    if not torch.cuda.is_available():
+        not_applicable = {r.check for r in results if r.status == checks.NOT_APPLICABLE}
+        assert {"TF32 tensor cores", "TP2.3 SyncBatchNorm"} <= not_applicable
+        assert results[2].part("speed and memory").status == checks.NOT_APPLICABLE
+        assert all(r.message.startswith(checks.NOT_APPLICABLE_PREFIX) for r in results if not r.applicable)
+
+
 def test_student_script_fails_day1_checks_with_advice(in_runs):
     amp = checks.amp("sol-base", ["stu-fast"])
     assert not amp.passed and "float32" in amp.message and "autocast" in amp.message
@@ -97,6 +120,14 @@ def test_dataloader_check(in_runs):
     assert "workers 1" in result.details[0] and "prefetch 3" in result.details[0]
     student = checks.dataloader("sol-base", "stu-fast")
     assert not student.passed and "asked for 1 workers but its DataLoader used 0" in student.message
+
+
+def test_augmentation_check(in_runs):
+    result = checks.augmentation(["sol-fast"], baseline_id="sol-base")
+    assert result.passed, result
+    assert result.part("speed").status == checks.NOT_APPLICABLE  # a CPU-only run: the device is the CPU
+    student = checks.augmentation(["stu-fast"])
+    assert student.status == checks.FAILED and "TODO TP2.4" in student.message
 
 
 def test_ddp_check(in_runs):

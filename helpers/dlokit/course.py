@@ -21,6 +21,29 @@ DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb"))
 SOLUTION_SCRIPTS = "../tp_scripts/solutions"  # the notebooks' SCRIPTS parameter, relative to notebooks/
 
 
+def ipc_kernel_manager():
+    """Kernels talk to the runner over Unix sockets (IPC), not TCP: no "running over TCP without
+    encryption" warning, and no port race ("Address already in use") between kernels started together."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(transport="ipc", **kwargs)
+
+    return IPCKernelManager
+
+
+def execute(notebook: Path, executed: Path, parameters: dict, cwd: Path, kernel: str = "python3") -> None:
+    """papermill with the kit's kernel settings (also used by the notebook tests)."""
+    import papermill
+
+    # the kernel inherits this: with a plain Agg backend figures would be saved as "<Figure ...>" text
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    papermill.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel,
+                               language="python", cwd=str(cwd), progress_bar=sys.stderr.isatty(), log_output=False,
+                               kernel_manager_class=ipc_kernel_manager())
+
+
 def extract_plots(executed: Path, plots_dir: Path) -> list[Path]:
     plots_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -36,14 +59,9 @@ def extract_plots(executed: Path, plots_dir: Path) -> list[Path]:
 
 
 def run_notebook(notebook: Path, out_dir: Path, parameters: dict, kernel: str = "python3") -> Path:
-    import papermill
-
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / notebook.name
-    # the kernel inherits this: with a plain Agg backend figures would be saved as "<Figure ...>" text
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    papermill.execute_notebook(str(notebook), str(executed), parameters=parameters, kernel_name=kernel, language="python",
-                               cwd=str(notebook.parent), progress_bar=sys.stderr.isatty(), log_output=False)
+    execute(notebook, executed, parameters, notebook.parent, kernel)
     return executed
 
 

@@ -1,26 +1,43 @@
-"""Step-time breakdown of a torch.profiler Chrome trace, by the TensorBoard profiler's categories.
+"""Read torch.profiler Chrome traces: the step-time breakdown, the profiled steps, the collectives.
 
 Every instant of a profiler step goes to the first category active then, in this order:
-Kernel (GPU kernels), Memcpy, Memset (GPU copies and fills), Runtime (CUDA runtime/driver calls on
-the host), DataLoader (inside `enumerate(DataLoader)#...__next__`), CPU Exec (host operators),
-Other (the rest: Python, waiting). A CPU-only trace has no GPU categories.
+Kernel (GPU compute kernels), Memcpy, Memset (GPU copies and fills), Communication (NCCL kernels
+not hidden behind the ones before), Runtime (CUDA runtime/driver calls on the host), DataLoader
+(inside `enumerate(DataLoader)#...__next__`), CPU Exec (host operators), Other (the rest: Python,
+waiting). A CPU-only trace has no GPU categories.
+
+Kineto (the profiler's tracer) writes two kinds of events on a CUDA run: host events (`cpu_op`,
+`user_annotation`, `cuda_runtime`...) and device events on the GPU streams (`kernel`, `gpu_memcpy`,
+`gpu_memset`, `gpu_user_annotation`). A `record_function` span, `ProfilerStep#N` included, is
+written twice: once on the host and once (`gpu_user_annotation`) over the GPU work it launched.
+Steps are counted once, from the host copy; device categories come from device events only.
+
+`read_trace` is the one loader of trace files (plain or .gz) used here and by dlokit.checks.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import math
+import zlib
 from pathlib import Path
 
 import pandas as pd
 
 from dlokit.analysis.figures import message_figure, new_figure
 
-CATEGORIES = ("Kernel", "Memcpy", "Memset", "Runtime", "DataLoader", "CPU Exec", "Other")
-COLORS = dict(zip(CATEGORIES, ("tab:green", "tab:orange", "tab:olive", "tab:red", "tab:purple",
+CATEGORIES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec", "Other")
+COLORS = dict(zip(CATEGORIES, ("tab:green", "tab:orange", "tab:olive", "tab:brown", "tab:red", "tab:purple",
                                "tab:blue", "tab:gray")))
-EVENT_CATEGORY = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset",
-                  "cuda_runtime": "Runtime", "cuda_driver": "Runtime", "cpu_op": "CPU Exec"}
-DEVICE_CATEGORIES = ("Kernel", "Memcpy", "Memset")
+# event "cat" (lower case; older Kineto versions capitalised some) -> category
+EVENT_CATEGORY = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "memcpy": "Memcpy", "gpu_memset": "Memset",
+                  "memset": "Memset", "cuda_runtime": "Runtime", "cuda_driver": "Runtime", "runtime": "Runtime",
+                  "cpu_op": "CPU Exec", "operator": "CPU Exec"}
+DEVICE_CATEGORIES = ("Kernel", "Memcpy", "Memset", "Communication")
+OPTIONAL_CATEGORIES = ("Communication",)  # a key of _breakdown_events' totals only when the trace has some
+STEP_PREFIX = "ProfilerStep#"
+TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8,
+              "long": 8, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}
 
 
 def trace_files(path, rank: int | None = None) -> list[Path]:
@@ -42,18 +59,76 @@ def trace_files(path, rank: int | None = None) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
 
 
-def _load_events(path: Path) -> list[dict]:
+def read_trace(path) -> list[dict]:
+    """Every event of a Chrome trace file (.json or .json.gz).
+
+    A truncated or corrupted file (a job killed while the profiler wrote it) raises ValueError naming
+    the file; a missing one FileNotFoundError.
+    """
+    path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as handle:
-        data = json.load(handle)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (ValueError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not a complete Chrome trace ({type(error).__name__}: {error}): was the job "
+                         "killed while the profiler wrote it? Profile again") from error
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{path} holds JSON but no 'traceEvents' list: not a torch.profiler Chrome trace")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _is_timed(event: dict) -> bool:
+    if event.get("ph") != "X":
+        return False
+    ts, dur = event.get("ts"), event.get("dur")
+    return (isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and math.isfinite(ts)
+            and math.isfinite(dur) and dur >= 0)
+
+
+def timed_events(events) -> list[dict]:
+    """The complete ('X') events with a start and a duration, in microseconds."""
+    return [e for e in events if _is_timed(e)]
+
+
+def _load_events(path: Path) -> list[dict]:
+    return timed_events(read_trace(path))
+
+
+def on_device(event: dict) -> bool:
+    """An event of a GPU stream (kernel, copy, fill, the GPU copy of an annotation)."""
+    category = str(event.get("cat", "")).lower()
+    return category.startswith("gpu_") or category in ("kernel", "memcpy", "memset")
+
+
+def is_nccl(event: dict) -> bool:
+    return "nccl" in str(event.get("name", "")).lower()
+
+
+def profiler_steps(events) -> list[dict]:
+    """One event per profiled step, oldest first: the host's `ProfilerStep#N` span.
+
+    Kineto also writes each step as a gpu_user_annotation over the GPU work it launched; that copy is
+    used only for a step that has no host span.
+    """
+    chosen: dict[str, dict] = {}
+    for event in events:
+        name = str(event.get("name", ""))
+        if not name.startswith(STEP_PREFIX) or not _is_timed(event):
+            continue
+        if name not in chosen or (on_device(chosen[name]) and not on_device(event)):
+            chosen[name] = event
+    return sorted(chosen.values(), key=lambda e: e["ts"])
 
 
 def _category(event: dict) -> str | None:
-    if str(event.get("name", "")).startswith("enumerate(DataLoader)"):
+    if not on_device(event) and str(event.get("name", "")).startswith("enumerate(DataLoader)"):
         return "DataLoader"
-    return EVENT_CATEGORY.get(event.get("cat"))
+    category = EVENT_CATEGORY.get(str(event.get("cat", "")).lower())
+    if category == "Kernel" and is_nccl(event):
+        return "Communication"
+    return category
 
 
 def _merge(intervals):
@@ -83,8 +158,9 @@ def _overlap(a, b) -> float:
 
 
 def _step_windows(events) -> list[tuple[float, float]]:
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    """[start, end) of each profiled step: from its host span to the next one's; the last one ends with
+    its host span or its last device event, whichever is later. No step marks: the whole trace."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in profiler_steps(events)]
     if not steps:
         return [(min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events))]
     windows = [(start, steps[i + 1][0]) for i, (start, _) in enumerate(steps[:-1])]
@@ -96,6 +172,7 @@ def _step_windows(events) -> list[tuple[float, float]]:
 
 
 def _breakdown_events(events) -> tuple[dict, int, float]:
+    """(µs per category summed over the steps, number of steps, µs spanned by the steps)."""
     windows = _step_windows(events)
     by_category = {c: [] for c in CATEGORIES[:-1]}
     for event in events:
@@ -110,13 +187,17 @@ def _breakdown_events(events) -> tuple[dict, int, float]:
             totals[category] += _length(clipped) - _overlap(clipped, covered)
             covered = _merge(covered + clipped)
         totals["Other"] += (end - start) - _length(covered)
+    for category in OPTIONAL_CATEGORIES:
+        if not by_category[category]:
+            del totals[category]
     return totals, len(windows), sum(end - start for start, end in windows)
 
 
 def profiler_breakdown(trace, rank: int | None = None) -> pd.DataFrame:
     """Time per category of a trace file, or of the newest trace in a folder (a run folder works too).
 
-    Columns: ms_per_step and percent of the step; attrs: trace, steps, step_ms.
+    Columns: ms_per_step and percent of the step, one row per CATEGORIES; attrs: trace, steps, step_ms,
+    gpu (the trace holds GPU events).
     """
     trace = getattr(trace, "path", trace)
     files = trace_files(trace, rank)
@@ -126,11 +207,45 @@ def profiler_breakdown(trace, rank: int | None = None) -> pd.DataFrame:
     if not events:
         raise ValueError(f"{files[-1]} holds no timed events")
     totals_us, n_steps, span_us = _breakdown_events(events)
-    table = pd.DataFrame({"ms_per_step": [totals_us[c] / 1000 / n_steps for c in CATEGORIES]},
+    table = pd.DataFrame({"ms_per_step": [totals_us.get(c, 0.0) / 1000 / n_steps for c in CATEGORIES]},
                          index=pd.Index(CATEGORIES, name="category"))
     table["percent"] = 100 * table["ms_per_step"] / (span_us / 1000 / n_steps)
-    table.attrs.update(trace=str(files[-1]), steps=n_steps, step_ms=span_us / 1000 / n_steps)
+    table.attrs.update(trace=str(files[-1]), steps=n_steps, step_ms=span_us / 1000 / n_steps,
+                       gpu=any(on_device(e) for e in events))
     return table
+
+
+def span_names(events) -> set[str]:
+    """Names of the labelled spans of a trace (record_function labels, ProfilerStep#N, operators...)."""
+    return {str(e.get("name")) for e in events if e.get("ph") == "X"}
+
+
+def collectives_in_trace(path) -> pd.DataFrame:
+    """Collectives seen in a profiler trace (recorded with record_shapes): calls and MiB per kind.
+
+    Reads the host's `c10d::<collective>` operator events, whose input shapes and dtypes give the
+    message size (the same on every backend: gloo on CPUs, NCCL on GPUs).
+    """
+    rows = []
+    for event in read_trace(path):
+        event_name = str(event.get("name", ""))
+        if not event_name.startswith("c10d::") or event.get("ph") != "X" or on_device(event):
+            continue
+        args = event.get("args") or {}
+        dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+        elements = 0
+        for dim in dims[:1]:  # the first input is the tensor (list) being communicated
+            shapes = dim if dim and isinstance(dim[0], list) else [dim]
+            elements = sum(math.prod(s) for s in shapes if s)
+        dtype = types[0] if types and types[0] in TYPE_BYTES else "float"  # a TensorList says no dtype: fp32
+        rows.append({"collective": event_name.removeprefix("c10d::").rstrip("_"), "elements": elements,
+                     "bytes": elements * TYPE_BYTES.get(dtype, 4)})
+    table = pd.DataFrame(rows, columns=["collective", "elements", "bytes"])
+    if table.empty:
+        return pd.DataFrame(columns=["collective", "calls", "MiB"])
+    out = table.groupby("collective").agg(calls=("bytes", "size"), MiB=("bytes", "sum")).reset_index()
+    out["MiB"] = out["MiB"] / 2**20
+    return out
 
 
 def _short_name(trace: str) -> str:

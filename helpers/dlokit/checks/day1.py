@@ -1,0 +1,253 @@
+"""Day 1 checks: the job ran (TP1.0), device placement (TP1.1), mixed precision and TF32 (TP1.2),
+channels_last (TP1.3), the profiler (TP1.4).
+
+Each check judges what the training script observed (run.json `observed`, summary.json, traces), and
+reports a measured speed effect as numbers, with whether it agrees with the lesson. Effects that this
+hardware cannot show (tensor cores on a CPU-only run) are "not applicable on this hardware".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlokit.analysis.profiler import profiler_steps, read_trace, span_names, trace_files
+from dlokit.analysis.table import as_number
+
+from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .records import (compare_text, device_type, factor_words, hardware_words, load_baseline, load_completed,
+                      memory_key, observed, on_gpu, ratio)
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+PHASE_LABELS = ("data", "forward", "backward", "optimizer")
+
+
+@check("job completed")
+def completed(job_ids):
+    """The jobs ended well and wrote a complete run record (TP1.0 and any baseline)."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details = [f"run {r.run_id}: {r.summary.get('steps')} steps, "
+               f"{as_number(r.summary.get('throughput_train')) or float('nan'):.1f} img/s on "
+               f"{observed(r).get('device', '?')}" for r in runs]
+    return passed(f"{len(runs)} run(s) completed", details)
+
+
+@check("TP1.1 model and batches on the device")
+def on_device(job_ids):
+    """Weights and batches were where the run was meant to compute.
+
+    On a GPU run both must be on cuda. On a CPU-only run they are on the CPU whatever the script does;
+    there the check reads `model_to_device` / `batch_to_device` (the script moved them with .to(device))
+    when the record has them, and is not applicable when it does not.
+    """
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details, failures, unknown = [], [], []
+    for run in runs:
+        seen = observed(run)
+        batch, weights, wanted = str(seen.get("device")), str(seen.get("model_device")), device_type(run)
+        moved = {what: seen.get(f"{what}_to_device") for what in ("model", "batch")}
+        memory = run.summary.get("gpu_mem_peak_mb") or run.summary.get("host_rss_peak_mb")
+        where = "GPU" if run.summary.get("gpu_mem_peak_mb") is not None else "host"
+        details.append(f"run {run.run_id} (batch {run.config.get('batch_size')}, device {wanted}): batch on "
+                       f"{batch}, weights on {weights}, {where} peak {as_number(memory) or float('nan'):.0f} MiB")
+        not_moved = [what for what, value in moved.items() if value is False]
+        if not (batch.startswith(wanted) and weights.startswith(wanted)):
+            failures.append(f"run {run.run_id} was to compute on {wanted} but the batch was on {batch} and the "
+                            f"weights on {weights}: move both with .to(device) (TODO TP1.1)")
+        elif not_moved:
+            failures.append(f"run {run.run_id} never moved its {' and its '.join(not_moved)} with .to(device): "
+                            f"unnoticed here, where the device is the {wanted}, but on a GPU the training would stay "
+                            "on the CPU (TODO TP1.1)")
+        elif batch != weights:
+            failures.append(f"run {run.run_id}: batch on {batch} but weights on {weights}")
+        elif wanted == "cpu" and None in moved.values():
+            unknown.append(run.run_id)
+    if failures:
+        return failed(failures[0], failures[1:] + details)
+    if any(on_gpu(r) for r in runs):
+        return passed("weights and batches were on the GPU", details)
+    if unknown:
+        return not_applicable(f"run(s) {', '.join(unknown)} computed on the CPU, the only device here: weights and "
+                              "batches are on it whether or not the script moves them, and these records do not say "
+                              "whether .to(device) ran (on a GPU node this check sees where they were)", details)
+    return passed("the script moved the weights and every batch to the device with .to(device) (the CPU here; "
+                  "on a GPU node they land on cuda)", details)
+
+
+def _effect_part(name, runs, base, *, expect, cpu_why, gpu_failure=None, memory=True):
+    """The measured effect of an optimisation against a baseline, as one part.
+
+    `expect` says what the lesson predicts on a GPU ("faster than NCHW"). GPU runs: passed when some
+    run got faster (or lighter, with memory=True); otherwise failed with `gpu_failure` when given, else
+    info. CPU-only runs: not applicable, `cpu_why` and the numbers.
+    """
+    if base is None or not runs:
+        return None
+    lines, better = [], False
+    for run in runs:
+        speed = ratio(run, base, "throughput_compute")
+        words = [factor_words(speed, "compute throughput")]
+        better |= speed is not None and speed > 1
+        if memory:
+            lighter = ratio(run, base, memory_key(run))
+            words.append(factor_words(lighter, "peak memory", higher_is_better=False))
+            better |= lighter is not None and lighter < 1
+        lines.append(f"run {run.run_id} vs {base.run_id}: " + ", ".join(words))
+    measured = "; ".join(lines)
+    if not any(on_gpu(r) for r in runs):
+        return part(name, NOT_APPLICABLE, f"{cpu_why}; measured {measured}")
+    if better:
+        return part(name, PASSED, f"{expect}: {measured}")
+    if gpu_failure:
+        return part(name, FAILED, f"{gpu_failure} (measured {measured})")
+    return part(name, INFO, f"the lesson expects {expect} on a GPU, measured {measured} (small models and "
+                "batches gain little)")
+
+
+@check("TP1.2 mixed precision")
+def amp(baseline_id, amp_ids):
+    """AMP runs computed their logits in 16 bits (fp16 with a GradScaler); on a GPU, faster or lighter
+    than the fp32 baseline. On a CPU-only run the speed part is not applicable."""
+    base, problem = load_baseline(baseline_id)
+    if problem:
+        return problem
+    runs, problem = load_completed(amp_ids)
+    if problem:
+        return problem
+    details, problems = [], []
+    for run in runs:
+        wanted = AMP_DTYPES.get(run.config.get("amp"))
+        seen = observed(run)
+        got = seen.get("amp_dtype")
+        details.append(f"run {run.run_id} --amp {run.config.get('amp')}: logits in {got}, GradScaler "
+                       f"{seen.get('grad_scaler')}; "
+                       f"{compare_text('compute throughput', run, base, 'throughput_compute', 'img/s')}; "
+                       f"{compare_text(memory_key(run), run, base, memory_key(run), 'MiB')}")
+        if wanted is None:
+            problems.append(f"run {run.run_id} was not started with --amp bf16 or --amp fp16")
+        elif got != wanted:
+            problems.append(f"run {run.run_id} asked for {wanted} but its logits came out in {got}: run the forward "
+                            "pass and the loss inside torch.autocast(device.type, dtype=...) (TODO TP1.2)")
+        elif wanted == "float16" and not seen.get("grad_scaler"):
+            problems.append(f"run {run.run_id} computed in float16 without a GradScaler: small gradients flush to "
+                            "zero; create torch.amp.GradScaler(enabled=args.amp == 'fp16') and use "
+                            "scale/step/update (TODO TP1.2)")
+    dtypes = sorted({str(observed(r).get("amp_dtype")) for r in runs})
+    code = part("code", FAILED, problems[0]) if problems else part(
+        "code", PASSED, f"the forward pass and the loss ran under autocast ({', '.join(dtypes)})"
+        + (", float16 with a GradScaler" if "float16" in dtypes else ""))
+    effect = _effect_part(
+        "speed and memory", runs, base, expect="faster or lighter steps than fp32",
+        cpu_why="CPU autocast computes bfloat16 without tensor cores (and converts to and from fp32 around "
+                "each operator), so 16 bits need not be faster or lighter than fp32 here",
+        gpu_failure="the dtype is right but nothing got faster or smaller than the fp32 baseline: is the batch "
+                    "big enough to keep the tensor cores busy?")
+    return from_parts([code, effect], "16-bit compute observed" + (
+        "" if effect is None or effect.status != PASSED else ", and the step got faster or lighter"), details)
+
+
+@check("TF32 tensor cores")
+def tf32(baseline_id, tf32_ids):
+    """fp32 runs with TF32 allowed (observed torch flags); on a GPU, faster than the strict fp32 baseline.
+    TF32 exists only on NVIDIA tensor cores (Ampere and later): not applicable on a CPU-only run."""
+    base, problem = load_baseline(baseline_id)
+    if problem:
+        return problem
+    runs, problem = load_completed(tf32_ids)
+    if problem:
+        return problem
+    details = [f"run {r.run_id} ({hardware_words(r)}): TF32 allowed {observed(r).get('tf32')}; "
+               f"{compare_text('compute throughput', r, base, 'throughput_compute', 'img/s')}" for r in runs]
+    gpu_runs = [r for r in runs if on_gpu(r)]
+    if not gpu_runs:
+        speeds = ", ".join(factor_words(ratio(r, base, "throughput_compute"), "compute throughput") for r in runs)
+        return not_applicable("TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 "
+                              f"in fp32 whatever the flag says (measured {speeds})", details)
+    problems = [f"run {r.run_id} was not started with --tf32" if not r.config.get("tf32") else
+                f"run {r.run_id} asked for --tf32 but fp32 matmuls and convolutions were not allowed TF32 (see "
+                "set_tf32 in the script)" for r in gpu_runs if not observed(r).get("tf32")]
+    code = part("code", FAILED, problems[0]) if problems else part(
+        "code", PASSED, "TF32 was allowed for fp32 matmuls and convolutions")
+    effect = _effect_part("speed", gpu_runs, base, memory=False, expect="faster steps than strict fp32",
+                          cpu_why="no tensor cores")
+    return from_parts([code, effect], "TF32 allowed" + (", and fp32 got faster" if effect and effect.status == PASSED
+                                                         else ""), details)
+
+
+@check("TP1.3 channels_last")
+def channels_last(job_ids, baseline_id=None):
+    """Weights and images in NHWC (observed); with a baseline, the speed effect (GPU tensor cores;
+    not applicable on a CPU-only run)."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    base = None
+    if baseline_id is not None:
+        base, problem = load_baseline(baseline_id)
+        base = None if problem else base
+    details, problems = [], []
+    for run in runs:
+        seen = observed(run)
+        details.append(f"run {run.run_id}: NHWC images {seen.get('channels_last_input')}, NHWC weights "
+                       f"{seen.get('channels_last_weights')}" + (
+                           f"; {compare_text('compute throughput', run, base, 'throughput_compute', 'img/s')}"
+                           if base else ""))
+        if not run.config.get("channels_last"):
+            problems.append(f"run {run.run_id} was not started with --channels-last")
+        elif not seen.get("channels_last_weights"):
+            problems.append(f"run {run.run_id}: the convolution weights are still NCHW; convert the model with "
+                            "model.to(memory_format=torch.channels_last) (TODO TP1.3)")
+        elif not seen.get("channels_last_input"):
+            problems.append(f"run {run.run_id}: the images are still NCHW; convert each batch with "
+                            "images.contiguous(memory_format=torch.channels_last) (TODO TP1.3)")
+    code = part("code", FAILED, problems[0]) if problems else part(
+        "code", PASSED, "weights and images were in channels_last (NHWC) layout")
+    effect = _effect_part(
+        "speed", runs, base, memory=False, expect="faster steps than NCHW",
+        cpu_why="channels_last pays off on GPU tensor-core convolutions (cuDNN's NHWC kernels); a CPU's "
+                "convolutions gain little or lose from it")
+    return from_parts([code, effect], "weights and images were in channels_last (NHWC) layout", details)
+
+
+def run_traces(run) -> list[Path]:
+    """The profiler traces a run wrote under its folder's profile/, oldest first."""
+    folder = Path(run.path) / "profile"
+    return trace_files(folder) if folder.is_dir() else []
+
+
+@check("TP1.4 profiler trace")
+def profiler(job_ids):
+    """Each run left a readable trace file showing the labelled phases (record_function) of its steps."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details, problems = [], []
+    for run in runs:
+        if not run.config.get("profile"):
+            problems.append(f"run {run.run_id} was not started with --profile")
+            continue
+        files = run_traces(run)
+        if not files:
+            problems.append(f"run {run.run_id} wrote no trace under {run.path}/profile: create a torch.profiler."
+                            "profile with a schedule and tensorboard_trace_handler, start it, and call "
+                            "profiler.step() every step (TODO TP1.4)")
+            continue
+        try:
+            events = read_trace(files[-1])
+        except ValueError as error:
+            problems.append(f"run {run.run_id}: {error}")
+            continue
+        names = span_names(events)
+        labels = [label for label in PHASE_LABELS if label in names]
+        steps = len(profiler_steps(events))
+        details.append(f"run {run.run_id}: {len(files)} trace file(s), {steps} profiled step(s), "
+                       f"labelled spans: {', '.join(labels) or 'none'}")
+        if len(labels) < len(PHASE_LABELS):
+            missing = [label for label in PHASE_LABELS if label not in labels]
+            problems.append(f"run {run.run_id}: the trace has no span named {', '.join(missing)}: wrap each phase "
+                            "in torch.profiler.record_function(name) (TODO TP1.4)")
+    if problems:
+        return failed(problems[0], problems[1:] + details)
+    return passed("trace files written, with data/forward/backward/optimizer spans", details)

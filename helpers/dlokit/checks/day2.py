@@ -1,0 +1,197 @@
+"""Day 2 checks: the DataLoader (TP2.1), data parallelism (TP2.2), SyncBatchNorm (TP2.3), augmentation
+on the device (TP2.4); and what a DDP trace says about the collectives."""
+from __future__ import annotations
+
+import math
+
+from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .records import (compare_text, factor_words, hardware_words, load_baseline, load_completed, observed, on_gpu,
+                      ratio)
+
+BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
+
+
+@check("TP2.1 DataLoader tuned")
+def dataloader(baseline_id, tuned_id):
+    """The tuned run's DataLoader really used the options it was given (workers, prefetching, persistent
+    workers, non_blocking copies; pinned batches on a GPU), and on a GPU the load time per step dropped.
+
+    On a CPU-only machine pinning is not applicable (PyTorch turns pin_memory off without an accelerator)
+    and neither is the speed part (the workers take their cores from the training itself).
+    """
+    base, problem = load_baseline(baseline_id)
+    if problem:
+        return problem
+    runs, problem = load_completed(tuned_id)
+    if problem:
+        return problem
+    run = runs[-1]
+    seen, config, gpu = observed(run), run.config, on_gpu(run)
+    details = [f"run {run.run_id}: workers {seen.get('loader_num_workers')}, pin_memory {seen.get('loader_pin_memory')}"
+               f" (batch pinned: {seen.get('batch_pinned')}), prefetch {seen.get('loader_prefetch_factor')}, "
+               f"persistent {seen.get('loader_persistent_workers')}, non_blocking {seen.get('non_blocking')}",
+               compare_text("load time per step", run, base, "t_data", "s") + f" (baseline run {base.run_id})"]
+    problems = []
+    if not config.get("num_workers"):
+        problems.append(f"run {run.run_id} was started with --num-workers 0: nothing to check")
+    elif seen.get("loader_num_workers") != config["num_workers"]:
+        problems.append(f"run {run.run_id} asked for {config['num_workers']} workers but its DataLoader used "
+                        f"{seen.get('loader_num_workers')}: pass num_workers (and the other options) to DataLoader "
+                        "(TODO TP2.1)")
+    elif seen.get("loader_prefetch_factor") != config.get("prefetch_factor"):
+        problems.append(f"run {run.run_id}: prefetch_factor {seen.get('loader_prefetch_factor')} in effect, "
+                        f"{config.get('prefetch_factor')} asked (TODO TP2.1)")
+    elif config.get("persistent_workers") and not seen.get("loader_persistent_workers"):
+        problems.append(f"run {run.run_id}: --persistent-workers asked but the workers are not persistent (TODO TP2.1)")
+    elif config.get("non_blocking") and not seen.get("non_blocking"):
+        problems.append(f"run {run.run_id}: --non-blocking asked but the copies are blocking (TODO TP2.1)")
+    elif config.get("pin_memory") and gpu and not seen.get("batch_pinned"):
+        problems.append(f"run {run.run_id}: --pin-memory asked but the batches are not in pinned memory (TODO TP2.1)")
+    code = part("code", FAILED, problems[0]) if problems else part(
+        "code", PASSED, "the DataLoader was built with the options asked for")
+    pinning = None
+    if config.get("pin_memory") and not gpu:
+        pinning = part("pinned memory", NOT_APPLICABLE,
+                       "page-locked batches speed up copies to a GPU, and there is none: PyTorch leaves pin_memory "
+                       f"off without an accelerator (observed: loader pin_memory {seen.get('loader_pin_memory')})")
+    factor = ratio(run, base, "t_data")
+    measured = factor_words(factor, "load time per step", higher_is_better=False)
+    if not gpu:
+        speed = part("speed", NOT_APPLICABLE,
+                     f"on {hardware_words(run)} the loader workers take their cores from the training itself, "
+                     f"while the lesson's workers use cores a GPU leaves idle; measured {measured}")
+    elif factor is None:
+        speed = part("speed", INFO, "load time per step not measured")
+    elif factor < 1:
+        speed = part("speed", PASSED, f"loading got faster than run {base.run_id}: {measured}")
+    else:
+        speed = part("speed", FAILED, f"the options are in effect but loading did not get faster than run "
+                     f"{base.run_id} ({measured}); try more workers or a larger prefetch factor")
+    return from_parts([code, pinning, speed], "the loader options are in effect" + (
+        " and the load time per step dropped" if speed.status == PASSED else ""), details)
+
+
+@check("TP2.2 data parallelism")
+def ddp(job_ids, world_size: int | None = None):
+    """Every multi-process run: DDP-wrapped, sharded sampler, every rank finished, identical weights."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details, problems = [], []
+    sizes = sorted(r.world_size for r in runs)
+    if world_size is not None and world_size not in sizes:
+        problems.append(f"no run with {world_size} processes among these (world sizes: {sizes})")
+    for run in runs:
+        n = run.world_size
+        seen = observed(run)
+        summaries = run.summaries
+        identical = [s.get("params_identical_across_ranks") for s in summaries]
+        shard = seen.get("samples_per_rank_per_epoch")
+        images = run.config.get("train_images")
+        details.append(f"run {run.run_id}: {n} process(es), {len(summaries)} summary file(s), DDP "
+                       f"{seen.get('ddp_wrapped')}, sampler {seen.get('sampler')} ({shard} of {images} images per "
+                       f"rank), identical weights {all(identical) if identical else None}")
+        if n == 1:
+            continue
+        if len(summaries) < n:
+            problems.append(f"run {run.run_id}: only {len(summaries)} of {n} ranks finished")
+        elif not seen.get("ddp_wrapped") or seen.get("ddp_world_size") != n:
+            problems.append(f"run {run.run_id}: the model is not wrapped in DistributedDataParallel, so each rank "
+                            "trains its own copy (TODO TP2.2)")
+        elif not all(identical):
+            problems.append(f"run {run.run_id}: the ranks ended with different weights: gradients were not averaged")
+        elif images and shard and shard > math.ceil(images / n):
+            problems.append(f"run {run.run_id}: each rank reads {shard} images per epoch, the whole set: use a "
+                            "DistributedSampler so that each rank reads its own 1/N shard (TODO TP2.2)")
+    if problems:
+        return failed(problems[0], problems[1:] + details)
+    if max(sizes) == 1:
+        return not_applicable("only one process ran (one GPU, or one CPU process, on this node): data parallelism "
+                              "needs two or more; ask for more with n_gpu", details)
+    return passed(f"{max(sizes)} processes trained one model: DDP on, each rank on its own shard, weights identical "
+                  "on every rank", details)
+
+
+@check("TP2.3 SyncBatchNorm")
+def sync_bn(job_ids):
+    """GPU runs that asked for --sync-bn really had SyncBatchNorm layers. Not applicable on CPU-only runs:
+    PyTorch's SyncBatchNorm synchronises only GPU (or XPU/HPU) tensors."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details = [f"run {r.run_id} ({hardware_words(r)}): --sync-bn {r.config.get('sync_bn')}, SyncBatchNorm layers "
+               f"{observed(r).get('sync_bn')}, {r.world_size} processes" for r in runs]
+    judged = [r for r in runs if on_gpu(r) and r.world_size > 1]
+    if not judged:
+        why = ("SyncBatchNorm exchanges batch statistics between GPUs; PyTorch refuses it on CPU tensors, so a "
+               "CPU-only run keeps plain BatchNorm" if not any(on_gpu(r) for r in runs) else
+               "every run had a single process: there is no other rank to synchronise with")
+        return not_applicable(why, details)
+    bad = [r.run_id for r in judged if r.config.get("sync_bn") and not observed(r).get("sync_bn")]
+    if bad:
+        return failed(f"run(s) {', '.join(bad)} asked for --sync-bn but kept plain BatchNorm: convert with "
+                      "nn.SyncBatchNorm.convert_sync_batchnorm before wrapping in DDP", details)
+    return passed("BatchNorm layers are what each run asked for", details)
+
+
+def _asked_augmentations(run) -> list[str]:
+    value = run.config.get("augment") or "none"
+    names = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(n).strip().lower() for n in names if str(n).strip().lower() not in ("", "none")]
+
+
+@check("TP2.4 augmentation on the device")
+def augmentation(job_ids, baseline_id=None):
+    """Each run did the augmentation it was started with: mixup/cutmix mixed whole batches on the
+    training device (observed `augment_on_device`: soft targets came out), RandAugment was in the
+    per-image transform (observed `augment`). At least one run must use mixup or cutmix. With a
+    baseline, the throughput against it (not applicable on a CPU-only run, where the device and the
+    loader workers share the same cores)."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    base = None
+    if baseline_id is not None:
+        base, problem = load_baseline(baseline_id)
+        base = None if problem else base
+    details, problems = [], []
+    for run in runs:
+        seen, asked = observed(run), _asked_augmentations(run)
+        details.append(f"run {run.run_id} ({hardware_words(run)}): --augment {','.join(asked) or 'none'}; observed "
+                       f"augmentations {seen.get('augment')}, batch mixed on the device {seen.get('augment_on_device')}"
+                       f", RandAugment in loader workers {seen.get('randaugment_in_workers')}" + (
+                           f"; {compare_text('throughput', run, base, 'throughput_train', 'img/s')}" if base else ""))
+        done = seen.get("augment")
+        done = [str(d) for d in done] if isinstance(done, (list, tuple)) else []
+        on_batches = [a for a in asked if a in BATCH_AUGMENTATIONS]
+        if "augment" not in seen and "augment_on_device" not in seen:
+            problems.append(f"run {run.run_id}: its record says nothing about augmentation (made by an older "
+                            "train_classifier.py?): submit it again with the current script")
+        elif not asked:
+            problems.append(f"run {run.run_id} was started without --augment: it has no augmentation to check")
+        elif on_batches and not seen.get("augment_on_device"):
+            problems.append(f"run {run.run_id} asked for {', '.join(on_batches)} but its batches were not mixed: "
+                            "apply the mixer to the whole batch once it is on the device, and compute the loss on "
+                            "the soft targets it returns (TODO TP2.4)")
+        elif "randaugment" in asked and "randaugment" not in done:
+            problems.append(f"run {run.run_id} asked for randaugment but the images were not transformed by it")
+    if not problems and not any(set(_asked_augmentations(r)) & set(BATCH_AUGMENTATIONS) for r in runs):
+        problems.append("none of these runs was started with --augment mixup or cutmix: the on-device part of "
+                        "TP2.4 has nothing to show")
+    code = part("code", FAILED, problems[0]) if problems else part(
+        "code", PASSED, "each run did the augmentation it asked for; mixup/cutmix mixed whole batches on the "
+        "training device")
+    speed = None
+    if base is not None:
+        factors = [ratio(r, base, "throughput_train") for r in runs]
+        measured = ", ".join(factor_words(f, "throughput") for f in factors)
+        if not any(on_gpu(r) for r in runs):
+            speed = part("speed", NOT_APPLICABLE, "batch augmentation on a GPU costs little next to the training "
+                         f"step; on a CPU-only run the device is the same cores (measured {measured})")
+        elif any(f is not None and f > 1 for f in factors):
+            speed = part("speed", PASSED, f"higher throughput than run {base.run_id}: {measured}")
+        else:
+            speed = part("speed", INFO, f"measured {measured} against run {base.run_id} (augmentation is not free; "
+                         "on the device it should cost little)")
+    return from_parts([code, speed], "each run did the augmentation it asked for; mixup/cutmix mixed whole batches "
+                      "on the training device", details)

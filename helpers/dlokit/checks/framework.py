@@ -1,0 +1,225 @@
+"""The check-cell framework: a result with three outcomes, how it is shown, the decorator, the scoreboard.
+
+A check answers with one of three statuses:
+
+* ``passed``  ✅  the script did what the TP asks (seen in its run record);
+* ``failed``  ❌  it did not, or the run is missing/unfinished; the message says what to do;
+* ``not applicable``  ➖  this hardware cannot show it; the message reads
+  "not applicable on this hardware: <why>" (e.g. tensor-core speed-ups on a CPU-only machine).
+
+A result may also carry *parts*: the separately judged aspects of one TP, typically the code (judged
+from what the script observed) and the effect (speed, memory: measured, and compared with what the
+lesson predicts). A part has the same statuses plus ``info`` (ℹ️: measured and shown, not judged).
+A check that passes on its code while its speed part is not applicable here stays ✅, with a
+"➖ speed: not applicable on this hardware: ..." line under it.
+
+Every result is displayed (HTML in Jupyter, text elsewhere) and carried under the MIME type
+``application/vnd.dlokit.check+json`` (see CheckResult.as_json for its keys); the notebook tests read it
+back with results_in_notebook().
+"""
+from __future__ import annotations
+
+import functools
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIME = "application/vnd.dlokit.check+json"
+PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not applicable"
+INFO = "info"  # parts only: measured and reported, not judged
+STATUSES = (PASSED, FAILED, NOT_APPLICABLE)
+MARKS = {PASSED: "✅", FAILED: "❌", NOT_APPLICABLE: "➖", INFO: "ℹ️"}
+COLOURS = {PASSED: "#1a7f37", FAILED: "#cf222e", NOT_APPLICABLE: "#6e7781", INFO: "#0969da"}
+NOT_APPLICABLE_PREFIX = "not applicable on this hardware: "
+
+RESULTS: list["CheckResult"] = []  # every check shown in this session, for scoreboard()
+CHECKS: dict[str, str] = {}  # check function name -> check name, filled by @check
+
+
+@dataclass
+class Part:
+    """One judged or measured aspect of a check: ``code``, ``speed``, ``memory``, ``pinned memory``..."""
+
+    name: str
+    status: str
+    message: str
+
+    def __post_init__(self):
+        if self.status not in (*STATUSES, INFO):
+            raise ValueError(f"unknown part status {self.status!r}")
+
+    @property
+    def mark(self) -> str:
+        return MARKS[self.status]
+
+    def __str__(self) -> str:
+        return f"{self.mark} {self.name}: {self.message}"
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "mark": self.mark, "message": self.message}
+
+
+@dataclass
+class CheckResult:
+    """What a check cell says. ``status`` is one of STATUSES (a bool is accepted: True = passed)."""
+
+    check: str
+    status: str
+    message: str
+    details: list[str] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.status, bool):
+            self.status = PASSED if self.status else FAILED
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown check status {self.status!r}; expected one of {STATUSES}")
+        self.details = [str(d) for d in self.details]
+        self.parts = [p if isinstance(p, Part) else Part(**p) for p in self.parts]
+
+    @property
+    def passed(self) -> bool:
+        """False only when the check failed: ✅ and ➖ (not applicable here) are both not failures."""
+        return self.status != FAILED
+
+    @property
+    def applicable(self) -> bool:
+        return self.status != NOT_APPLICABLE
+
+    @property
+    def mark(self) -> str:
+        return MARKS[self.status]
+
+    def part(self, name: str) -> Part | None:
+        return next((p for p in self.parts if p.name == name), None)
+
+    def _part_lines(self) -> list[str]:
+        """One line per part; a part whose message is the headline shows only its mark and name."""
+        return [f"{p.mark} {p.name}" if p.message == self.message else str(p) for p in self.parts]
+
+    def __str__(self) -> str:
+        lines = [f"{self.mark} {self.check}: {self.message}"]
+        lines += [f"   {line}" for line in self._part_lines()] + [f"   • {d}" for d in self.details]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict:
+        """The MIME bundle's payload: check, status, passed, mark, message, parts, details, info."""
+        return {"check": self.check, "status": self.status, "passed": self.passed, "mark": self.mark,
+                "message": self.message, "parts": [p.as_json() for p in self.parts], "details": self.details,
+                "info": _jsonable(self.info)}
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        colour = COLOURS[self.status]
+        parts = "".join(f'<li style="list-style:none;margin-left:-1.2em">{html.escape(line)}</li>'
+                        for line in self._part_lines())
+        items = "".join(f"<li>{html.escape(d)}</li>" for d in self.details)
+        body = (f'<div style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0">'
+                f"<b>{self.mark} {html.escape(self.check)}</b>: {html.escape(self.message)}"
+                f"{'<ul style=margin:2px>' + parts + items + '</ul>' if parts or items else ''}</div>")
+        return {"text/plain": str(self), "text/html": body, MIME: self.as_json()}
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+# ---- building results (the check's name is filled in by @check) --------------------------------
+
+def passed(message: str, details=(), parts=(), **info) -> CheckResult:
+    return CheckResult("", PASSED, message, list(details), list(parts), info)
+
+
+def failed(message: str, details=(), parts=(), **info) -> CheckResult:
+    return CheckResult("", FAILED, message, list(details), list(parts), info)
+
+
+def not_applicable(why: str, details=(), parts=(), **info) -> CheckResult:
+    """Status 'not applicable'; the message is 'not applicable on this hardware: <why>'."""
+    return CheckResult("", NOT_APPLICABLE, NOT_APPLICABLE_PREFIX + why, list(details), list(parts), info)
+
+
+def part(name: str, status: str, message: str) -> Part:
+    if status == NOT_APPLICABLE and not message.startswith(NOT_APPLICABLE_PREFIX):
+        message = NOT_APPLICABLE_PREFIX + message
+    return Part(name, status, message)
+
+
+def from_parts(parts, message: str, details=(), **info) -> CheckResult:
+    """Combine parts: failed if one failed (its message first), else passed if one passed (with
+    `message`), else not applicable (the first part's reason)."""
+    parts = [p for p in parts if p is not None]
+    failures = [p for p in parts if p.status == FAILED]
+    if failures:
+        return CheckResult("", FAILED, failures[0].message, list(details), parts, info)
+    if any(p.status == PASSED for p in parts):
+        return CheckResult("", PASSED, message, list(details), parts, info)
+    why = next((p.message for p in parts if p.status == NOT_APPLICABLE), NOT_APPLICABLE_PREFIX + message)
+    return CheckResult("", NOT_APPLICABLE, why, list(details), parts, info)
+
+
+# ---- showing them -------------------------------------------------------------------------------
+
+def show(result: CheckResult) -> CheckResult:
+    """Display a result once (rich in Jupyter, text in a terminal) and remember it for scoreboard()."""
+    RESULTS.append(result)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display(result)
+            return result
+    except ImportError:
+        pass
+    print(result)
+    return result
+
+
+def check(name: str):
+    """Decorator of a check function: names its result (the name is written only here), shows it,
+    and turns any unexpected error into a ❌ that says so (a check cell never stops the notebook)."""
+
+    def wrap(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            try:
+                result = function(*args, **kwargs)
+                if not isinstance(result, CheckResult):
+                    raise TypeError(f"{function.__name__} returned {type(result).__name__}, not a CheckResult")
+                result.check = name
+            except Exception as error:
+                result = CheckResult(name, FAILED, f"the check itself could not run ({type(error).__name__}: "
+                                     f"{error}); look at the job's log with dlokit.search_log()")
+            return show(result)
+
+        run.check_name = name
+        CHECKS[function.__name__] = name
+        return run
+
+    return wrap
+
+
+def scoreboard():
+    """A table of every check shown in this session (latest result per check)."""
+    import pandas as pd
+
+    latest = {}
+    for result in RESULTS:
+        latest[result.check] = result
+    return pd.DataFrame([{"check": r.check, "result": r.mark, "status": r.status, "message": r.message}
+                         for r in latest.values()], columns=["check", "result", "status", "message"])
+
+
+def results_in_notebook(path) -> list[dict]:
+    """Every check result stored in an executed notebook's outputs (the MIME payloads, as dicts)."""
+    notebook = json.loads(Path(path).read_text())
+    found = []
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if MIME in data:
+                value = data[MIME]
+                found.append(json.loads(value) if isinstance(value, str) else value)
+    return found

@@ -1,0 +1,136 @@
+"""What the checks read: a job's run record, its `observed` block, the hardware it ran on, ratios."""
+from __future__ import annotations
+
+from dlokit.analysis.table import as_number
+
+from .framework import CheckResult, failed
+
+
+def ids(job_ids) -> list[str]:
+    """Job ids from one id, a list of ids, or objects with a run_id (Run, JobCard...)."""
+    if job_ids is None:
+        return []
+    if isinstance(job_ids, (str, int)) or hasattr(job_ids, "run_id"):
+        job_ids = [job_ids]
+    return [str(getattr(j, "run_id", j)) for j in job_ids]
+
+
+def why_not_finished(job_id: str, run) -> str:
+    """A sentence on a job that has no complete record, with the cause when the scheduler knows it."""
+    try:
+        from dlokit.jobs import job_outcome
+
+        outcome = job_outcome(job_id)
+        state, cause = outcome.state, outcome.cause
+    except Exception:
+        state, cause = None, ""
+    if state in ("RUNNING", "PENDING"):
+        return f"job {job_id} is still {state.lower()}: run the queue cell above until it ends, then this one"
+    if run.state == "missing":
+        head = f"job {job_id} left no run record"
+    else:
+        head = f"job {job_id} did not finish ({run.state})"
+    if state:
+        head += f"; the scheduler says {state}"
+    last = cause.strip().splitlines()[-1] if cause and cause.strip() else ""
+    last = last or (run.error or "")
+    if last:
+        head += f" — {last[:200]}"
+    if run.oom or state == "OUT_OF_MEMORY":
+        head += ". It ran out of memory: lower the batch size (or use mixed precision)"
+    return head + ". Read its log (dlokit.search_log(contains='" + job_id + "', with_err=True)), fix, resubmit"
+
+
+def load(job_id):
+    """(Run, None) for a completed run, else (Run or None, a sentence saying what is wrong)."""
+    from dlokit.analysis import load_run
+    from dlokit.profiles import current_profile
+
+    run = load_run(str(job_id), current_profile().runs)
+    if run.state != "completed":
+        return run, why_not_finished(str(job_id), run)
+    return run, None
+
+
+def load_completed(job_ids) -> tuple[list, CheckResult | None]:
+    """Load every run; returns (completed runs, a failed result when one is missing/unfinished/unobserved)."""
+    wanted = ids(job_ids)
+    if not wanted:
+        return [], failed("no job id given: pass the ids the submission cell returned")
+    runs, problems = [], []
+    for job_id in wanted:
+        run, problem = load(job_id)
+        if problem:
+            problems.append(problem)
+        else:
+            runs.append(run)
+    if problems:
+        return runs, failed(problems[0], problems[1:])
+    missing = [r.run_id for r in runs if not observed(r)]
+    if missing:
+        return runs, failed(f"run(s) {', '.join(missing)} recorded no 'observed' block: were they made by the "
+                            "kit's train_classifier.py?")
+    return runs, None
+
+
+def load_baseline(job_id) -> tuple[object, CheckResult | None]:
+    run, problem = load(job_id)
+    return run, failed(f"baseline: {problem}") if problem else None
+
+
+def observed(run) -> dict:
+    """What the script saw on its first step (run.json, else summary.json); {} when absent."""
+    return run.info.get("observed") or run.summary.get("observed") or {}
+
+
+def device_type(run) -> str:
+    """'cuda' or 'cpu': the device the run was meant to compute on (the script's resolved device)."""
+    wanted = run.config.get("device_type")
+    if wanted:
+        return str(wanted)
+    hardware = run.info.get("hardware") or {}
+    return "cuda" if hardware.get("gpu_count") and run.config.get("device", "auto") != "cpu" else "cpu"
+
+
+def on_gpu(run) -> bool:
+    return device_type(run) == "cuda"
+
+
+def hardware_words(run) -> str:
+    hardware = run.info.get("hardware") or {}
+    if on_gpu(run):
+        return hardware.get("gpu_name") or "a GPU"
+    cores = hardware.get("cpu_count")
+    return f"a CPU-only run ({cores} cores)" if cores else "a CPU-only run"
+
+
+def number(run, key):
+    return as_number(run.summary.get(key)) if run is not None else None
+
+
+def ratio(run, base, key):
+    """run / base for a summary number, None when either is missing."""
+    value, reference = number(run, key), number(base, key)
+    if value is None or reference in (None, 0):
+        return None
+    return value / reference
+
+
+def memory_key(run) -> str:
+    return "gpu_mem_peak_mb" if number(run, "gpu_mem_peak_mb") is not None else "host_rss_peak_mb"
+
+
+def compare_text(label, run, base, key, unit) -> str:
+    value, reference, factor = number(run, key), number(base, key), ratio(run, base, key)
+    if factor is None:
+        return f"{label}: not measured"
+    return f"{label}: {value:.4g} {unit} vs {reference:.4g} {unit} (×{factor:.2f})"
+
+
+def factor_words(factor, what, higher_is_better=True) -> str:
+    """'×1.84 compute throughput (better, as the lesson predicts)', '×1.02 peak memory (no gain, unlike the
+    lesson)' or '... not measured'."""
+    if factor is None:
+        return f"{what} not measured"
+    better = factor > 1 if higher_is_better else factor < 1
+    return f"×{factor:.2f} {what} ({'better, as the lesson predicts' if better else 'no gain, unlike the lesson'})"
