@@ -17,7 +17,7 @@ import pytest
 
 import dlokit
 from dlokit import checks
-from dlokit.material import build
+from dlokit.material import student_copy
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -39,10 +39,7 @@ def records(tmp_path_factory):
     """Run every configuration of RUNS at once; returns the runs folder."""
     root = tmp_path_factory.mktemp("checks")
     student = root / "student"
-    build(REPO / "tp_scripts" / "solutions", student)  # the untouched student version, as students get it
-    for module in (REPO / "tp_scripts").glob("*.py"):  # the shared modules it imports live beside it
-        if not (student / module.name).exists():
-            shutil.copy(module, student / module.name)
+    student_copy(REPO / "tp_scripts", student)  # the untouched student version and the modules beside it
     folders = {"solutions": REPO / "tp_scripts" / "solutions", "student": student}
     data = root / "data"
     subprocess.run([PYTHON, str(REPO / "data" / "make_synthetic_imagenet.py"), "--out", str(data), "--classes", "2",

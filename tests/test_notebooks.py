@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 from dlokit import checks, course
-from dlokit.material import build
+from dlokit.material import student_copy
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -147,7 +147,7 @@ def test_day2_local_solutions(isolated):
 @pytest.mark.slow
 def test_day1_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
-    build(REPO / "tp_scripts" / "solutions", student)  # exactly what a student starts from
+    student_copy(REPO / "tp_scripts", student)  # exactly what a student starts from
     results, probe, _ = execute(DAY1, isolated, {**DAY1_TINY, "SCRIPTS": str(student)}, DAY1_PROBE)
     found = by_check(results)
     assert found["job completed"]["passed"]
@@ -165,7 +165,7 @@ def test_day1_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
 @pytest.mark.slow
 def test_day2_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
-    build(REPO / "tp_scripts" / "solutions", student)
+    student_copy(REPO / "tp_scripts", student)
     results, _, executed = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": str(student)}, "")
     found = by_check(results)
     for name in ("TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"):

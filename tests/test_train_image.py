@@ -1,14 +1,17 @@
 """CPU tests of tp_scripts/solutions/train_classifier.py on a tiny generated JPEG data set.
 
-Every run is a real subprocess (python or torchrun), with one thread per process: the CI machines
-have two cores, and oversubscribed OpenMP threads make CPU training tens of times slower.
+Most runs are real subprocesses (python or torchrun), with one thread per process: the CI machines
+have two cores, and oversubscribed OpenMP threads make CPU training tens of times slower. The timing
+tests run the script in this process, with a fake GPU clock that counts synchronisations; no test
+asserts anything about wall-clock durations.
 """
 from __future__ import annotations
 
+import collections
+import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,18 +20,22 @@ from pathlib import Path
 
 import pytest
 
+from dlokit.measure import StepClock
 from dlokit.runrecord import read_rank
 
 REPO = Path(__file__).resolve().parents[1]
-SOLUTIONS = REPO / "tp_scripts" / "solutions"
+TP_SCRIPTS = REPO / "tp_scripts"
+SOLUTIONS = TP_SCRIPTS / "solutions"
 SCRIPT = SOLUTIONS / "train_classifier.py"
+STUDENT = TP_SCRIPTS / "train_classifier.py"
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
-REQUIRED_TPS = {"TP1.1", "TP1.2", "TP1.3", "TP1.4", "TP2.1", "TP2.2"}
+REQUIRED_TPS = {"TP1.1", "TP1.2", "TP1.3", "TP1.4", "TP2.1", "TP2.2", "TP2.4"}
 SMALL = ["--model", "resnet18", "--image-size", "32", "--print-every", "1000"]
+SPLITS = ("t_data", "t_h2d", "t_augment", "t_forward", "t_backward", "t_optimizer")
 
 sys.path.insert(0, str(REPO / "data"))
-sys.path.insert(0, str(SOLUTIONS))
+sys.path.insert(0, str(TP_SCRIPTS))  # the shared modules: train_options, image_data, instrument...
 import make_synthetic_imagenet  # noqa: E402
 
 
@@ -92,6 +99,12 @@ def test_smoke_learns_above_chance(tmp_path, learnable):
     assert summary["gpu_mem_peak_mb"] is None and summary["energy_j"] is None  # CPU: null, no crash
     steps = step_lines(rec)
     assert len(steps) == 60 and all(s["t_step"] > 0 and "loss" in s for s in steps)
+    # the CPU path: every step split into its phases, t_step their sum, throughput from data + step
+    assert summary["timing"] == "host_clock" and summary["timed_steps"] == summary["breakdown_steps"] == 58
+    for s in steps:
+        assert s["breakdown"] is True and "t_period" not in s and all(k in s for k in (*SPLITS, "t_metrics"))
+        assert s["t_step"] == pytest.approx(sum(s[k] for k in (*SPLITS[1:], "t_metrics")), abs=1e-5)
+        assert s["throughput_train"] == pytest.approx(s["batch_size"] / (s["t_data"] + s["t_step"]), rel=1e-3)
     assert [m["kind"] for m in rec["metrics"]].count("val") == 5
     observed = run["observed"]
     assert observed["amp_dtype"] == "float32" and observed["channels_last_input"] is False
@@ -114,6 +127,7 @@ def test_amp_bf16_and_channels_last(tmp_path, tiny, option, expected):
 
 def test_ddp_two_processes_torchrun(tmp_path, tiny):
     done = train(tmp_path, "ddp", "--data", tiny, "--batch-size", 4, "--epochs", 1, "--metric-step", 2,
+                 "--bucket-cap-mb", 1, "--static-graph", "--gradient-as-bucket-view",
                  launcher=(TORCHRUN, "--standalone", "--nproc_per_node=2"), timeout=120)
     recs = [rank_record(tmp_path, "ddp", r) for r in (0, 1)]
     for rec in recs:
@@ -125,6 +139,8 @@ def test_ddp_two_processes_torchrun(tmp_path, tiny):
         assert rec["run"]["world_size"] == 2 and rec["run"]["config"]["global_batch_size"] == 8
         assert all(s["batch_size"] == 8 for s in step_lines(rec))
         assert [("loss" in s) for s in step_lines(rec)] == [False, True] * 3  # --metric-step 2
+        assert (observed["ddp_bucket_cap_mb"], observed["ddp_static_graph"], observed["ddp_gradient_as_bucket_view"],
+                observed["ddp_find_unused_parameters"]) == (1.0, True, True, False)
     assert recs[0]["summary"]["param_checksum"] == recs[1]["summary"]["param_checksum"]
     assert done.stdout.count("records in") == 1  # rank 0 alone prints
 
@@ -185,6 +201,18 @@ def refused(capsys, argv, world_size=1) -> str:
     return capsys.readouterr().err
 
 
+def test_augment_randaugment_in_workers_and_mixup_on_the_device(tmp_path, tiny):
+    train(tmp_path, "aug", "--data", tiny, "--batch-size", 8, "--test", "--test-nsteps", 3,
+          "--augment", "mixup,randaugment", "--num-workers", 1)
+    rec = rank_record(tmp_path, "aug")
+    observed = rec["run"]["observed"]
+    assert rec["run"]["config"]["augment"] == "randaugment,mixup"  # canonical order
+    assert observed["augment"] == ["randaugment", "mixup"]
+    assert observed["augment_on_device"] is True and observed["randaugment_in_workers"] is True
+    assert all(s["t_augment"] >= 0 and s["t_data"] >= 0 for s in step_lines(rec))
+    assert rec["summary"]["t_augment"] is not None
+
+
 def test_bad_inputs_are_refused_clearly(capsys, tmp_path, tiny):
     assert "did you mean: resnet50" in refused(capsys, ["--data", tiny, "--model", "resnet05"])
     assert "not divisible by the 3 processes" in refused(capsys, ["--data", tiny, "--global-batch-size", 16], 3)
@@ -198,6 +226,10 @@ def test_bad_inputs_are_refused_clearly(capsys, tmp_path, tiny):
     assert "no images found" in refused(capsys, ["--data", tmp_path / "empty"])
     assert "--sync-bn needs GPUs" in refused(capsys, ["--data", tiny, "--sync-bn"])
     assert "at least 2" in refused(capsys, ["--data", tiny, "--batch-size", 1])
+    assert "unknown blur" in refused(capsys, ["--data", tiny, "--augment", "mixup,blur"])
+    assert "cannot be combined" in refused(capsys, ["--data", tiny, "--augment", "none,mixup"])
+    assert "needs image files" in refused(capsys, ["--data", "synthetic", "--augment", "randaugment"])
+    assert "--bucket-cap-mb must be positive" in refused(capsys, ["--data", tiny, "--bucket-cap-mb", 0])
 
 
 def test_bad_input_exits_2_without_traceback(tmp_path):
@@ -208,46 +240,165 @@ def test_bad_input_exits_2_without_traceback(tmp_path):
     assert "no data set: pass --data" in done.stderr and "make_synthetic_imagenet.py" in done.stderr
 
 
-# ---- student version: the same file with every SOLUTION block replaced by its STUDENT lines ----
+# ---- timing: the CPU/GPU overlap is kept (a fake GPU clock counts the synchronisations) ----------
 
-def student_version(text: str) -> str:
-    out, mode = [], None
-    for line in text.splitlines():
-        marker = line.strip()
-        if marker.startswith("# >>> SOLUTION"):
-            mode = "solution"
-            out.append(line.replace(">>> SOLUTION", "TODO", 1))
-        elif marker == "# --- STUDENT" and mode:
-            mode = "student"
-        elif marker == "# <<< SOLUTION" and mode:
-            mode = None
-        elif mode == "student":
-            assert marker.startswith("# "), f"student line not commented with '# ': {line!r}"
-            out.append(line.replace("# ", "", 1))
-        elif mode != "solution":
-            out.append(line)
-    assert mode is None, "unclosed SOLUTION block"
-    return "\n".join(out) + "\n"
+class FakeEvent:
+    """A CUDA event as StepClock uses it, on the host clock; the fake GPU has always finished."""
 
+    def record(self):
+        self.at = time.perf_counter()
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1000
+
+
+def in_process(monkeypatch, tmp_path, run_id, argv, fake_gpu: bool):
+    """Run main() of the solution in this process; returns (rank-0 record, host waits per step).
+
+    Waits are the clock's synchronisations, plus (fake_gpu) every .tolist()/.item() read of a tensor
+    after the batch arrived: on a GPU each would make the host wait for the device.
+    """
+    import torch
+
+    import instrument
+
+    waits = collections.Counter()
+    clocks = []
+
+    class CountingClock(StepClock):
+        def __init__(self, device, **options):
+            extra = dict(overlap=True, event=FakeEvent) if fake_gpu else {}
+            super().__init__(device, sync=self.count, **options, **extra)
+            clocks.append(self)
+
+        def count(self):
+            waits[self.current.step if self.current else None] += 1
+
+    def host_read(method):
+        def read(tensor, *args):
+            current = clocks[0].current if clocks else None
+            if fake_gpu and current is not None and "data" in current.splits:  # not the loader's own reads
+                waits[current.step] += 1
+            return method(tensor, *args)
+        return read
+
+    monkeypatch.setattr(instrument, "StepClock", CountingClock)
+    monkeypatch.setattr(torch.Tensor, "tolist", host_read(torch.Tensor.tolist))
+    monkeypatch.setattr(torch.Tensor, "item", host_read(torch.Tensor.item))
+    monkeypatch.setenv("DLOKIT_RUN_ID", run_id)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location(f"train_classifier_{run_id}", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--runs-dir", str(tmp_path), *SMALL, "--device", "cpu", *map(str, argv)]) == 0
+    return rank_record(tmp_path, run_id), waits
+
+
+def test_gpu_steps_outside_breakdowns_wait_at_most_once(monkeypatch, tmp_path, tiny):
+    record, waits = in_process(monkeypatch, tmp_path, "fakegpu", ["--data", tiny, "--batch-size", 4, "--test",
+                                                                   "--test-nsteps", 9, "--breakdown-every", 4,
+                                                                   "--augment", "cutmix"], fake_gpu=True)
+    steps = step_lines(record)
+    assert [s["step"] for s in steps] == list(range(1, 10))
+    breakdowns = [s["step"] for s in steps if s["breakdown"]]
+    assert breakdowns == [3, 4, 8]  # the first timed step (after 2 warm-up steps), then every 4th
+    for s in steps:
+        if s["breakdown"]:  # a wait before the step and one at each phase boundary: a true split
+            assert waits[s["step"]] >= 6 and all(k in s for k in (*SPLITS, "t_metrics")), s
+        else:  # whole-step timing: the only wait is the metrics read (--metric-step 1)
+            assert waits[s["step"]] <= 1, (s["step"], waits)
+            assert "t_h2d" not in s and "t_forward" not in s and s["t_data"] >= 0 and s["t_step"] >= 0
+            assert s["throughput_train"] > 0 and s["throughput_compute"] >= s["throughput_train"] * (1 - 1e-6)
+    assert all("t_period" in s for s in steps[1:])  # the pace: end of a step to the end of the next
+    summary = record["summary"]
+    assert summary["timing"] == "cuda_events" and summary["breakdown_every"] == 4
+    # timed: steps 3-9; split means from the breakdown steps 3, 4, 8; whole-step means from 6, 7
+    # (5 and 9 follow a breakdown step, which ended synchronised: their pace lost the overlap)
+    assert summary["breakdown_steps"] == 3 and summary["timed_steps"] == 2
+    assert all(summary[k] is not None for k in ("t_h2d", "t_augment", "t_forward", "t_step", "t_period",
+                                                "throughput_train", "throughput_compute"))
+
+
+def test_gpu_steps_with_sparse_metrics_do_not_wait(monkeypatch, tmp_path, tiny):
+    record, waits = in_process(monkeypatch, tmp_path, "sparse", ["--data", tiny, "--batch-size", 4, "--test",
+                                                                  "--test-nsteps", 8, "--breakdown-every", 100,
+                                                                  "--metric-step", 4], fake_gpu=True)
+    steps = {s["step"]: s for s in step_lines(record)}
+    assert [n for n, s in steps.items() if s["breakdown"]] == [3]
+    assert {n: waits[n] for n in steps if n != 3} == {1: 0, 2: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 1}
+    assert "loss" in steps[4] and "loss" in steps[8] and "loss" not in steps[5]
+
+
+def test_cpu_steps_are_all_split_and_never_synchronise(monkeypatch, tmp_path, tiny):
+    record, waits = in_process(monkeypatch, tmp_path, "cpuclock", ["--data", tiny, "--batch-size", 4, "--test",
+                                                                    "--test-nsteps", 5], fake_gpu=False)
+    assert sum(waits.values()) == 0
+    steps = step_lines(record)
+    assert len(steps) == 5 and all(s["breakdown"] and all(k in s for k in SPLITS) for s in steps)
+    assert record["summary"]["timing"] == "host_clock" and record["summary"]["timed_steps"] == 3
+
+
+def test_step_clock_reads_events_late_and_waits_once_to_drain():
+    """The GPU is behind: lines come out when their end event has passed, drain() waits once for all."""
+    finished = {"upto": 0}
+    syncs = []
+
+    class SlowEvent(FakeEvent):
+        count = 0
+
+        def record(self):
+            super().record()
+            SlowEvent.count += 1
+            self.index = SlowEvent.count
+
+        def query(self):
+            return self.index <= finished["upto"]
+
+    def sync():
+        syncs.append(1)
+        finished["upto"] = SlowEvent.count
+
+    clock = StepClock("cuda", breakdown_every=1000, overlap=True, sync=sync, event=SlowEvent)
+    for step in (1, 2, 3):
+        clock.start(step)
+        clock.split("data")
+        clock.split("forward")  # not a breakdown step: ignored, no wait
+        clock.stop({"n": step})
+    assert list(clock.ready()) == [] and syncs == []
+    finished["upto"] = 2  # the GPU passed step 1's end event (events 1, 2)
+    assert [t.step for t in clock.ready()] == [1]
+    done = list(clock.drain())
+    assert [t.step for t in done] == [2, 3] and syncs == [1]
+    assert all(t.splits.keys() == {"data"} and t.t_step >= 0 for t in done)
+    assert done[0].t_period is not None and done[1].t_period is not None
+
+
+# ---- student version: the generated file, with every SOLUTION block replaced by its STUDENT lines ----
 
 def test_solution_markers_and_student_version_runs(tmp_path, tiny):
     text = SCRIPT.read_text()
     assert REQUIRED_TPS <= set(re.findall(r"# >>> SOLUTION (TP\d\.\d):", text))
-    folder = tmp_path / "student"
-    folder.mkdir()
-    for sibling in SOLUTIONS.glob("*.py"):
-        shutil.copy(sibling, folder / sibling.name)
-    student = folder / "train_classifier.py"
-    student.write_text(student_version(text))
-    compile(student.read_text(), str(student), "exec")
-    assert "# >>> SOLUTION" not in student.read_text() and "# --- STUDENT" not in student.read_text()
+    student = STUDENT.read_text()
+    assert "# >>> SOLUTION" not in student and "# --- STUDENT" not in student
+    assert REQUIRED_TPS <= set(re.findall(r"# TODO (TP\d\.\d):", student))
+    head = student[:student.index('"""')]
+    assert "YOUR COPY" in head and "file you edit" in head and "tp_scripts/solutions/train_classifier.py" in head
+    assert "notebooks/day1_single_gpu.ipynb" in head and "notebooks/day2_data_and_ddp.ipynb" in head
 
     # Every switch is still accepted; the records show that none of the optimisations ran.
     train(tmp_path, "student", "--data", tiny, "--batch-size", 8, "--test", "--test-nsteps", 3, "--amp", "bf16",
-          "--channels-last", "--profile", "--num-workers", 1, "--pin-memory", script=student)
+          "--channels-last", "--profile", "--num-workers", 1, "--pin-memory", "--augment", "mixup",
+          script=STUDENT)
     observed = rank_record(tmp_path, "student")["run"]["observed"]
     assert observed["amp_dtype"] == "float32" and not observed["channels_last_input"]
     assert not observed["channels_last_weights"] and not observed["profiler"]
     assert not observed["record_function_labels"] and observed["loader_num_workers"] == 0
     assert observed["sampler"] == "RandomSampler"
+    assert observed["augment_on_device"] is False and observed["augment"] == []
     assert not (tmp_path / "student" / "profile").exists()

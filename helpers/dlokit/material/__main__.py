@@ -15,7 +15,7 @@ def _pairs(args) -> list[tuple[Path, Path]]:
         sys.exit("give both --solutions and --out, or neither")
     pairs = [(Path(args.solutions), Path(args.out))] if args.solutions else default_pairs(args.root)
     if not pairs:
-        sys.exit(f"no solutions folder found under {args.root} (tp_scripts/solutions, notebooks/solutions)")
+        sys.exit(f"no solutions folder found under {args.root} (looked for tp_scripts/solutions)")
     return pairs
 
 
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     for name, text in (("build", "write student files from the solutions"),
                        ("check", "exit 1 if a build would change anything")):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--solutions", help="solutions folder (default: the course's two)")
+        sub.add_argument("--solutions", help="solutions folder (default: tp_scripts/solutions)")
         sub.add_argument("--out", help="student folder")
         sub.add_argument("--root", default=".", help="repository root for the default folders")
     sub = commands.add_parser("compare", help="diff a student file against its solution")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from dlokit.material.build import GENERATED
+from dlokit.material.build import GENERATED, strip_header
 from dlokit.material.markers import solution_version
 from dlokit.material.notebooks import code_cells
 
@@ -32,6 +32,8 @@ def _lines(path: Path, solution: bool) -> list[str]:
         text = "".join(f"# --- cell {i}\n{cell.rstrip()}\n" for i, cell in enumerate(cells))
     elif solution:
         text = solution_version(text, str(path))
+    else:
+        text = strip_header(text)
     return [line for line in text.splitlines() if GENERATED not in line]
 
 
