@@ -76,3 +76,12 @@ def backend(request, workspace):
     if request.param == "local-slurm":
         request.getfixturevalue("slurm_cluster")
     return dlokit.use_profile(request.param)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs two workers), every test that needs the local Slurm goes
+    to one worker, which then starts one cluster for all of them; the rest spread over the others."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "slurm_cluster" in item.fixturenames or params.get("backend") == "local-slurm":
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -68,10 +68,10 @@ def jupyterlab(tmp_path):
 
 
 def cells_before_queue(notebook: Path) -> int:
-    """How many cells to run so that the first live-queue cell has just been run."""
+    """How many cells to run so that the first submit-and-watch cell has just been run."""
     cells = json.loads(notebook.read_text())["cells"]
     return next(i for i, c in enumerate(cells) if c["cell_type"] == "code"
-                and "display_slurm_queue(" in "".join(c["source"])) + 1
+                and "day.submit(" in "".join(c["source"])) + 1
 
 
 def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
@@ -93,6 +93,8 @@ def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
             time.sleep(0.3)
         widget = page.wait_for_selector(".dlokit-queue-widget", timeout=240_000)
         page.wait_for_selector(".dlokit-queue-widget table.dlokit-queue", timeout=120_000)
+        page.wait_for_function(  # PENDING for a moment while the job takes its device, then RUNNING
+            "() => document.querySelector('.dlokit-queue-widget').innerText.includes('RUNNING')", timeout=120_000)
         first = widget.inner_text()
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-queue.png"), full_page=False)
         assert "RUNNING" in first

@@ -47,11 +47,13 @@ class Day:
         """Is this day running the reference solutions (the course runner's default)?"""
         return self.script.resolve().parent.name == "solutions"
 
-    def command(self, *options, batch_size: int | None = None, steps: int | None = None) -> str:
-        """The command line of one timed `--test` job of the training script, with the TP's options."""
+    def command(self, *options, batch_size: int | None = None, steps: int | None = None,
+                epochs: int | None = None) -> str:
+        """The command line of one job of the training script with the TP's options: a timed `--test`
+        run of `steps` steps, or, with `epochs`, a real training with validation after each epoch."""
+        length = ["--epochs", str(epochs)] if epochs else ["--test", "--test-nsteps", str(steps or self.steps)]
         argv = [str(self.script), "--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
-                "--batch-size", str(batch_size or self.batch_size), "--test", "--test-nsteps", str(steps or self.steps),
-                "--print-every", "1", *map(str, options)]
+                "--batch-size", str(batch_size or self.batch_size), *length, "--print-every", "1", *map(str, options)]
         return shlex.join(argv)
 
     def submit(self, commands, n_gpu=1, wait: bool = True, **options) -> list[str]:

@@ -96,14 +96,62 @@ def remember(card: JobCard, job) -> None:
     _live_jobs[card.job_id] = job
 
 
+# ---- job cards on disk ------------------------------------------------------------------------
+
+MAX_TASKS = 65536  # a card asking for more tasks is not one the kit wrote (and would make loops endless)
+_CARD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "float | None": (int, float, type(None)),
+               "list": (list,), "dict": (dict,)}
+
+
+class BadCard(ValueError):
+    """A job card file that is not a card the kit wrote; str() says which file and why."""
+
+
+def load_card(path: Path) -> JobCard:
+    """The JobCard in a `<job_id>_job.json`; BadCard naming the file and why when it is not one
+    (unreadable, not UTF-8, truncated JSON, not an object, a field missing or of the wrong type).
+    Fields the card has and this kit does not know (a newer kit's) are ignored."""
+    import dataclasses
+
+    try:
+        value = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as error:
+        raise BadCard(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError:
+        raise BadCard(f"{path}: not UTF-8 text") from None
+    except (ValueError, RecursionError):
+        raise BadCard(f"{path}: not JSON (truncated or damaged)") from None
+    if not isinstance(value, dict):
+        raise BadCard(f"{path}: not a JSON object ({type(value).__name__})")
+    known = {f.name: f for f in dataclasses.fields(JobCard)}
+    fields = {}
+    for name, spec in known.items():
+        if name not in value:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise BadCard(f"{path}: no '{name}' field")
+            continue
+        field_value, types = value[name], _CARD_TYPES.get(str(spec.type))
+        if types and (not isinstance(field_value, types) or (isinstance(field_value, bool) and bool not in types)):
+            raise BadCard(f"{path}: '{name}' is {type(field_value).__name__}, not {spec.type}")
+        fields[name] = field_value
+    card = JobCard(**fields)
+    if not JOB_ID_PATTERN.fullmatch(card.job_id) or (card.native_id and not JOB_ID_PATTERN.fullmatch(card.native_id)):
+        raise BadCard(f"{path}: job id {card.job_id!r} / {card.native_id!r} is not a job id")
+    if not 0 <= card.tasks <= MAX_TASKS:
+        raise BadCard(f"{path}: {card.tasks} tasks")
+    return card
+
+
 def all_cards(name: str | None = None, log_dir: Path | None = None) -> list[JobCard]:
+    """Every readable job card (of the jobs named `name`), oldest first; a broken card is left out
+    (find_card says what is wrong with it)."""
     root = log_dir or current_profile().logs
     pattern = f"{name}/*_job.json" if name else "*/*_job.json"
     cards = []
-    for path in root.glob(pattern):
+    for path in sorted(root.glob(pattern)):
         try:
-            cards.append(JobCard(**json.loads(path.read_text())))
-        except (json.JSONDecodeError, TypeError):
+            cards.append(load_card(path))
+        except BadCard:
             continue
     return sorted(cards, key=lambda c: c.submitted_at)
 
@@ -121,11 +169,18 @@ def check_job_id(job_id) -> str:
 
 
 def find_card(job_id: str, log_dir: Path | None = None) -> JobCard:
+    """The card of a job; LookupError when there is none, or when its card is broken (naming the file and why)."""
     root = log_dir or current_profile().logs
-    matches = list(root.glob(f"*/{check_job_id(job_id)}_job.json"))
+    matches = sorted(root.glob(f"*/{check_job_id(job_id)}_job.json"))
     if not matches:
         raise LookupError(f"no job {job_id!r} under {root}: was it submitted with another profile or log folder?")
-    return JobCard(**json.loads(matches[0].read_text()))
+    problems = []
+    for path in matches:
+        try:
+            return load_card(path)
+        except BadCard as error:
+            problems.append(str(error))
+    raise LookupError(f"job {job_id!r} has a broken job card: " + "; ".join(problems))
 
 
 def search_log(name: str | None = None, contains: str | None = None, with_err: bool = False,
@@ -152,11 +207,12 @@ def check_name_like(name: str) -> None:
 
 
 def tail(path: Path, lines: int = 1) -> str:
+    """The last non-blank lines of a text file (of its last 8 KiB); "" when it cannot be read."""
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - 8192))
             text = handle.read().decode(errors="replace")
-    except FileNotFoundError:
+    except OSError:  # absent, a folder, no permission
         return ""
     kept = [line for line in text.splitlines() if line.strip()]
     return "\n".join(kept[-lines:])
@@ -174,29 +230,58 @@ def show_script(job_id: str) -> str:
 
 # ---- state -------------------------------------------------------------------------------------
 
+def _slurm_mb(text: str) -> float | None:
+    """sacct's sizes ('572052K', '1.50G', '300M', '300Mn') -> MB."""
+    match = re.fullmatch(r"([\d.]+)([KMGTP]?)[nc]?", (text or "").strip())
+    if not match:
+        return None
+    return float(match.group(1)) * {"K": 1 / 1024, "": 1 / 1024 ** 2, "M": 1, "G": 1024, "T": 1024 ** 2,
+                                     "P": 1024 ** 3}[match.group(2)]
+
+
 def _sacct(job_id: str) -> dict | None:
+    """The job's accounting line, with its steps' peak memory (MaxRSS) and the memory it asked for."""
     try:
-        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed"],
+        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed,MaxRSS,ReqMem"],
                              capture_output=True, text=True, timeout=20).stdout
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
+    row, peaks = None, []
     for line in out.splitlines():
-        jid, state, exit_code, elapsed = line.split("|")
+        fields = line.split("|")
+        if len(fields) != 6:
+            continue
+        jid, state, exit_code, elapsed, max_rss, req_mem = fields
         if jid == job_id:
-            return {"state": state.split()[0], "exit_code": exit_code, "elapsed": elapsed}
-    return None
+            row = {"state": state.split()[0] if state.split() else "UNKNOWN", "exit_code": exit_code,
+                   "elapsed": elapsed, "req_mem": req_mem}
+        elif jid.startswith(job_id + ".") and _slurm_mb(max_rss) is not None:
+            peaks.append(_slurm_mb(max_rss))
+    if row is not None and peaks:
+        row["peak_mb"] = max(peaks)
+    return row
 
 
 def _squeue_state(card: JobCard) -> dict:
-    """Before slurmdbd has the job, squeue knows it; a job neither knows is UNKNOWN."""
+    """Before slurmdbd has the job, squeue knows it (with why a PENDING job waits); a job neither knows is
+    UNKNOWN. A controller that does not answer (restarting) leaves the job PENDING, not lost."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", card.job_id, "-o", "%T|%M"],
-                             capture_output=True, text=True, timeout=20).stdout.split()
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        out = []
+        done = subprocess.run(["squeue", "-h", "-j", card.job_id, "-o", "%T|%M|%r"],
+                              capture_output=True, text=True, timeout=20)
+        out, failed = done.stdout.split("\n"), done.returncode != 0 and "Invalid job id" not in done.stderr
+    except (FileNotFoundError, subprocess.TimeoutExpired) as err:
+        out, failed, done = [], True, err
+    out = [line for line in out if line.strip()]
     if out:
-        state, elapsed = out[0].split("|")
-        return {"state": state, "elapsed": elapsed}
+        state, elapsed, reason = (out[0].split("|") + ["", ""])[:3]
+        row = {"state": state, "elapsed": elapsed}
+        if state == "PENDING" and reason and reason != "None":
+            row["cause"] = f"waiting: {reason} (Slurm's reason)"
+        return row
+    if failed:
+        why = getattr(done, "stderr", "") or str(done)
+        return {"state": "PENDING", "cause": f"the Slurm controller did not answer ({why.strip()[:200]}); "
+                                             "asking again later"}
     if time.time() - card.submitted_at < 60:
         return {"state": "PENDING"}
     return {"state": "UNKNOWN", "cause": "neither squeue nor sacct knows this job (is accounting on?)"}
@@ -215,16 +300,41 @@ def local_alive(card: JobCard) -> bool:
     return b"submitit" in cmdline and card.folder.encode() in cmdline and state != "Z"
 
 
+RESULT_STATUSES = ("success", "error")  # what submitit writes in a result pickle
+UNKNOWN_RESULT = "unknown"
+
+
 def _result(card: JobCard):
-    """submitit's result pickle of task 0, as (status, payload), or None."""
+    """submitit's result pickle of task 0: None when there is none, submitit's (status, payload) with status
+    'success' or 'error', or ('unknown', why) when the file is there but says nothing usable (empty,
+    damaged, not submitit's (status, payload) pair) — then the job's outcome is not known."""
     import pickle
 
     path = Path(card.folder) / f"{card.scheduler_id}_0_result.pkl"
     try:
         with open(path, "rb") as handle:
-            return pickle.load(handle)
-    except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+            value = pickle.load(handle)
+    except FileNotFoundError:
         return None
+    except EOFError:
+        return UNKNOWN_RESULT, f"the result file {path.name} is empty or cut short"
+    except Exception as error:  # a damaged pickle raises almost anything (UnpicklingError, ValueError, KeyError...)
+        return UNKNOWN_RESULT, f"the result file {path.name} cannot be read ({type(error).__name__}: {error})"[:300]
+    if not (isinstance(value, tuple) and len(value) == 2 and value[0] in RESULT_STATUSES):
+        return UNKNOWN_RESULT, f"the result file {path.name} is not submitit's (status, result) pair"
+    return value
+
+
+def result_unknown(card: JobCard, elapsed: str = "") -> Outcome | None:
+    """An UNKNOWN outcome (with why) when task 0's result file exists but cannot be read, else None.
+
+    For job_outcome on a finished local job: call it before trusting the absence of a 'success' result,
+    so that a damaged or empty result file never reads as FAILED (nor COMPLETED)."""
+    result = _result(card)
+    if result is not None and result[0] == UNKNOWN_RESULT:
+        return Outcome(card.job_id, "UNKNOWN", elapsed=elapsed, cause=f"{result[1]}: look at the job's log "
+                                                    f"(dlokit.search_log(contains='{card.job_id}', with_err=True))")
+    return None
 
 
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
@@ -239,25 +349,97 @@ def traceback_tail(card: JobCard, lines: int = 6) -> str:
     return next((t for t in texts if t), "")
 
 
+# what a job killed for memory leaves in its logs, besides MEMORY_ERRORS: an allocation refused under the
+# local RLIMIT_DATA (torch, numpy), Slurm's jobacct_gather killing a step over its --mem
+OUT_OF_MEMORY_SIGNS = MEMORY_ERRORS + ("Cannot allocate memory", "can't allocate memory", "exceeded memory limit",
+                                       "Exceeded job memory limit", "Exceeded step memory limit")
+DISK_FULL = ("No space left on device", "Disk quota exceeded", "the disk is full")
+ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
+
+
 def job_outcome(job_id: str) -> Outcome:
-    """How a job stands or ended, with the cause of a failure (last traceback lines)."""
+    """How a job stands or ended, with the cause of a failure: the script's own error message (argparse's
+    `error:` line, not its usage block) or the last traceback lines; memory and disk named when they ran out."""
     card = find_card(str(job_id))
+    row: dict = {}
     if card.backend == "slurm":
         row = _sacct(card.job_id) or _squeue_state(card)
         outcome = Outcome(card.job_id, row["state"], row.get("exit_code", ""), row.get("elapsed", ""))
+        if outcome.state == "PENDING" and "cause" not in row:
+            row = {**row, **{k: v for k, v in _squeue_state(card).items() if k == "cause"}}
+        outcome.cause = row.get("cause", "")
     else:
         outcome = _local_outcome(card)
+    usage = _usage(card)
     if outcome.state == "FAILED":
-        outcome.cause = traceback_tail(card)
-        if TIMED_OUT in outcome.cause:
+        raw = traceback_tail(card)
+        outcome.cause = _script_error(card) or raw
+        evidence = raw + "\n" + outcome.cause
+        if TIMED_OUT in raw:
             outcome.state = "TIMEOUT"
-        elif any(marker in outcome.cause for marker in MEMORY_ERRORS):
+        elif any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage):
             outcome.state = "OUT_OF_MEMORY"
-    if outcome.state == "TIMEOUT":
+        elif any(sign in evidence for sign in DISK_FULL):
+            outcome.cause = f"the disk is full (No space left on device): {_last_line(outcome.cause)}\n{outcome.cause}"
+    if outcome.state == "OUT_OF_MEMORY":
+        outcome.cause = _memory_cause(card, row, usage, outcome.cause or traceback_tail(card))
+    elif outcome.state == "TIMEOUT":
         outcome.cause = f"the job reached its time limit ({format_seconds(card.time_seconds)}) and was stopped"
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
     return outcome
+
+
+def _last_line(text: str) -> str:
+    return next((line for line in reversed(text.splitlines()) if line.strip()), "").strip()
+
+
+def _usage(card: JobCard) -> list[dict]:
+    """What each task wrote in `<job>_<task>_usage.json` (peak memory, limit, return code), where it could."""
+    found = []
+    for task in range(card.tasks):
+        try:
+            value = json.loads((Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
+
+
+def _killed_by_kernel(usage: list[dict]) -> bool:
+    """A script killed by SIGKILL that nobody cancelled: the kernel's out-of-memory killer."""
+    return any(u.get("returncode") == -signal.SIGKILL and not u.get("cancelled") for u in usage)
+
+
+def _script_error(card: JobCard) -> str:
+    """The script's own last error line(s) when it printed no traceback: argparse's `prog: error: ...`
+    without the usage block above it, or its last stderr lines ('' when it printed a traceback)."""
+    for task in range(card.tasks):
+        text = tail(card.log_path(task, err=True), 200)
+        script_part = text.split("submitit ERROR (")[0]  # what the script printed, before submitit's report
+        if not script_part.strip() or "Traceback" in script_part:
+            continue
+        lines = [line for line in script_part.splitlines() if line.strip()]
+        errors = [i for i, line in enumerate(lines) if ARGPARSE_ERROR.match(line)]
+        return "\n".join(lines[errors[-1]:] if errors else lines[-3:])
+    return ""
+
+
+def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> str:
+    """Out of memory, with the peak the job reached and the limit it had."""
+    peaks = [u["peak_rss_mb"] for u in usage if isinstance(u.get("peak_rss_mb"), (int, float))]
+    peak = row.get("peak_mb") or (max(peaks) if peaks else None)
+    if card.backend == "slurm":
+        limit = f"its memory request {row['req_mem']}" if row.get("req_mem") else "the memory it was given"
+        where = "use_profile(..., mem='32G') asks for more"
+        measured = f"peak {peak:.0f} MB (sacct MaxRSS)" if peak else "peak unknown (no MaxRSS in sacct)"
+    else:
+        limits = [u["mem_limit_mb"] for u in usage if u.get("mem_limit_mb")]
+        limit = f"the limit of {max(limits)} MB per task" if limits else "the machine's memory"
+        where = "use_profile('local', mem='16G') sets the job's limit"
+        measured = f"peak {peak:.0f} MB (largest process of a task)" if peak else "peak unknown"
+    return f"out of memory: {measured}, against {limit}; {where}\n{detail}".rstrip()
 
 
 def _local_outcome(card: JobCard) -> Outcome:
@@ -271,8 +453,11 @@ def _local_outcome(card: JobCard) -> Outcome:
     ended = max((card.log_path(t).stat().st_mtime for t in range(card.tasks) if card.log_path(t).exists()),
                 default=started)
     elapsed = hms(ended - started)
-    if card.cancelled_at:
+    if card.cancelled_at or card.launcher_note("cancelled"):
         return Outcome(card.job_id, "CANCELLED", elapsed=elapsed)
+    unknown = result_unknown(card, elapsed)
+    if unknown is not None:
+        return unknown
     result = _result(card)
     if result is not None and result[0] == "success":
         return Outcome(card.job_id, "COMPLETED", "0:0", elapsed)
@@ -287,14 +472,15 @@ def hms(seconds: float) -> str:
 
 
 def cancel(job_id: str) -> None:
-    """Stop a job (scancel on Slurm, an interrupt to the local controller)."""
+    """Stop a job: scancel on Slurm; SIGTERM to the local launcher, which stops the tasks and their scripts
+    (their run records say "cancelled"). Prints nothing."""
     card = find_card(str(job_id))
     if card.backend == "slurm":
         subprocess.run(["scancel", card.job_id], check=True, capture_output=True, timeout=30)
     elif local_alive(card):
         card.cancelled_at = time.time()
         card.save()
-        os.kill(int(card.scheduler_id), signal.SIGINT)
+        os.kill(int(card.scheduler_id), signal.SIGTERM)
 
 
 def wait(job_ids, poll_s: float = 1.0, timeout_s: float | None = None) -> list[Outcome]:
@@ -307,5 +493,6 @@ def wait(job_ids, poll_s: float = 1.0, timeout_s: float | None = None) -> list[O
             return outcomes
         if timeout_s is not None and time.time() - start > timeout_s:
             raise TimeoutError(f"jobs still running after {timeout_s:.0f} s: "
-                               + ", ".join(o.job_id for o in outcomes if not o.finished))
+                               + ", ".join(f"{o.job_id} ({o.state}{': ' + o.cause if o.cause else ''})"
+                                           for o in outcomes if not o.finished))
         time.sleep(poll_s)

@@ -7,17 +7,22 @@ Layout (schema in docs/run-records.md):
     <runs_dir>/<run_id>/rank<k>/summary.json   written once at the end (atomically)
 
 A job killed mid-run leaves run.json and every complete metrics line readable; the reader skips a
-half-written last line and reports the run as not finished.
+half-written last line and reports the run as not finished. The reader (read_rank, at the end) never
+raises on what it finds: a file it cannot use makes the rank's state "unreadable: <file>: <why>".
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from . import jobenv
 
@@ -110,10 +115,24 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+class RecordWriteError(OSError):
+    """A run record file could not be written (a full disk, a quota): the message names the file."""
+
+
+def _write_failed(path: Path, err: OSError) -> RecordWriteError:
+    cause = "the disk is full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "write failed"
+    return RecordWriteError(err.errno, f"{cause} while writing the run record {path} ({err.strerror or err})")
+
+
 def _write_json_atomic(path: Path, data: dict) -> None:
+    """tmp file then rename: a failed write (a full disk) leaves the previous version in place."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _write_failed(path, err) from err
 
 
 class RunRecorder:
@@ -146,6 +165,7 @@ class RunRecorder:
         self._metrics = open(self.folder / "metrics.jsonl", "a", buffering=1)
         _open_records.append(self)
         _install_excepthook()
+        _install_cancel_handler()
 
     def amend(self, **fields) -> None:
         """Add fields to run.json (rewritten atomically), e.g. what was observed on the first step."""
@@ -155,13 +175,19 @@ class RunRecorder:
     def log(self, kind: str, **fields) -> None:
         """Append one metrics line; it is on disk when this returns."""
         line = {"kind": kind, "time": round(time.time() - self.started, 4), **fields}
-        self._metrics.write(json.dumps(line, default=float) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(line, default=float) + "\n")
+            self._metrics.flush()
+        except OSError as err:
+            raise _write_failed(self.folder / "metrics.jsonl", err) from err
 
     def finish(self, status: str = "completed", **summary) -> None:
         if self._metrics.closed:
             return
-        self._metrics.close()
+        try:
+            self._metrics.close()
+        except OSError:  # a last buffered line could not be written (a full disk): the summary still tries
+            pass
         if self in _open_records:
             _open_records.remove(self)
         summary = {"status": status, "run_id": self.run_id, "rank": self.rank,
@@ -173,7 +199,9 @@ class RunRecorder:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.finish(status="cancelled", error="KeyboardInterrupt")
+        elif exc_type is not None:
             self.finish(status="failed", error=f"{exc_type.__name__}: {exc}")
         else:
             self.finish()
@@ -191,47 +219,282 @@ def _install_excepthook() -> None:
         return
 
     def hook(exc_type, exc, tb):
+        cancelled = issubclass(exc_type, KeyboardInterrupt)
         for record in list(_open_records):
-            record.finish(status="failed", error=f"{exc_type.__name__}: {exc}")
+            record.finish(status="cancelled" if cancelled else "failed", error=f"{exc_type.__name__}: {exc}")
         previous(exc_type, exc, tb)
 
     hook._dlokit = True
     sys.excepthook = hook
 
 
-def read_metrics(path: str | os.PathLike) -> tuple[list[dict], bool]:
-    """Every complete line of a metrics.jsonl, and whether a broken (truncated) line was skipped."""
-    records, truncated = [], False
+def _install_cancel_handler() -> None:
+    """A cancelled job (SIGTERM: scancel, dlokit.cancel) finishes its open records with status "cancelled",
+    then ends as SIGTERM would have ended it. Only where SIGTERM has no handler yet (not the script's own)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_term(signum, _frame):
+        for record in list(_open_records):
+            try:
+                record.finish(status="cancelled", signal=signal.Signals(signum).name)
+            except OSError:
+                pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+#
+# The one reader of record files (read_rank; the analysis views and the checks go through it). Its contract:
+#
+# - It never raises on what it finds on disk. A file that cannot be used at all (not readable, a
+#   folder, not UTF-8, not JSON, not a JSON object, a metrics file without a single record line) makes
+#   the rank *unreadable*: state "unreadable: rank<k>/<file>: <why>". What else could be read is kept.
+# - Smaller damage is dropped and named in `problems`: a run.json/summary.json field of the wrong type
+#   (a number field holding text, `config` holding a list...) is removed; a metrics line that is not
+#   UTF-8, not JSON, not an object with a string "kind", or that has a number field holding something
+#   else than a number (or null) is skipped as a whole — it is not a step.
+# - A line that starts like a JSON object but does not parse is a half-written line (a job killed while
+#   writing it): skipped and reported as `truncated`, as before; that is not a problem.
+
+UNREADABLE = "unreadable"
+# run.json: fields that must be JSON objects, integers; config options that must be numbers
+RUN_OBJECTS = ("config", "hardware", "observed", "measurement")
+RUN_INTEGERS = ("rank", "world_size")
+CONFIG_NUMBERS = ("batch_size", "global_batch_size", "per_gpu_batch_size", "local_batch_size", "num_workers",
+                  "workers", "prefetch_factor", "image_size", "world_size")
+MEASUREMENT_NUMBERS = ("started_unix", "lock_waited_s")
+# summary.json and metrics lines: fields that must be numbers (or null), besides every t_* and throughput_*
+SUMMARY_NUMBERS = ("steps", "epochs", "wall_time_s", "ended_unix", "first_step_load_s", "gpu_mem_peak_mb",
+                   "host_rss_peak_mb", "energy_j", "peak_power_w", "val_acc", "val_acc5", "best_val_acc",
+                   "train_loss", "timed_steps", "breakdown_steps", "timing_warmup_steps")
+METRIC_NUMBERS = ("time", "step", "epoch", "lr", "loss", "acc", "batch_size", "gpu_mem_mb", "train_loss",
+                  "train_acc", "epoch_time_s", "val_loss", "val_acc", "val_acc5", "tokens_per_s", "mfu",
+                  "grad_norm", "comm_s", "seconds", "batch_in_epoch")
+NUMBER_PREFIXES = ("t_", "throughput_")
+
+
+class Unreadable(ValueError):
+    """A record file that cannot be used at all; str() is '<file>: <why>'."""
+
+
+def is_number(value) -> bool:
+    """A JSON number (NaN and infinities included: a diverged loss is a measurement); not true/false."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _a(value) -> str:
+    """'a list', 'a string', 'null'...: what a JSON value is, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
+def _number_field(key: str, names) -> bool:
+    return key in names or key.startswith(NUMBER_PREFIXES)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """The file's bytes, None when it does not exist; Unreadable when it exists but cannot be read."""
     try:
-        text = Path(path).read_text()
+        return path.read_bytes()
     except FileNotFoundError:
-        return [], False
-    for line in text.splitlines():
-        if not line.strip():
+        return None
+    except IsADirectoryError:
+        raise Unreadable(f"{path.name}: a folder, not a file") from None
+    except OSError as error:
+        raise Unreadable(f"{path.name}: cannot be read ({error.strerror or error})") from None
+
+
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Unreadable(f"{what}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})") from None
+
+
+def read_json_object(path: str | os.PathLike) -> tuple[dict | None, list[str]]:
+    """(the JSON object a run.json or summary.json holds, problems); (None, []) when the file is absent.
+
+    Raises Unreadable ('<file>: <why>') when the file exists but is not one JSON object: empty, a folder,
+    not UTF-8, not JSON, or JSON of another type. Fields of the wrong type are dropped, one problem each."""
+    path = Path(path)
+    data = _read_bytes(path)
+    if data is None:
+        return None, []
+    if not data.strip():
+        raise Unreadable(f"{path.name}: empty file")
+    text = _utf8(data, path.name)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        where = f" (line {error.lineno}, column {error.colno})" if isinstance(error, json.JSONDecodeError) else ""
+        raise Unreadable(f"{path.name}: not JSON{where}") from None
+    if not isinstance(value, dict):
+        raise Unreadable(f"{path.name}: not a JSON object ({_a(value)})")
+    problems = []
+    if path.name == "summary.json":
+        status = value.get("status")
+        if status is not None and not isinstance(status, str):
+            raise Unreadable(f"{path.name}: 'status' is {_a(status)}, not a string")
+        _drop(value, path.name, problems, objects=("observed",), numbers=SUMMARY_NUMBERS)
+    elif path.name == "run.json":
+        _drop(value, path.name, problems, objects=RUN_OBJECTS, integers=RUN_INTEGERS, prefixes=False)
+        for block, names in (("config", CONFIG_NUMBERS), ("measurement", MEASUREMENT_NUMBERS)):
+            if isinstance(value.get(block), dict):
+                _drop(value[block], f"{path.name}: {block}", problems, numbers=names, prefixes=False)
+        measurement = value.get("measurement")
+        if isinstance(measurement, dict) and measurement.get("cpus") is not None:
+            cpus = measurement["cpus"]
+            if not isinstance(cpus, list) or not all(is_number(c) or isinstance(c, str) for c in cpus):
+                del measurement["cpus"]
+                problems.append(f"{path.name}: measurement 'cpus' is not a list of core numbers (dropped)")
+    return value, problems
+
+
+def _drop(record: dict, where: str, problems: list, *, objects=(), integers=(), numbers=(), prefixes=True) -> None:
+    """Remove the fields of `record` that have the wrong type, naming each in `problems`."""
+    for key in list(record):
+        value = record[key]
+        if value is None:
             continue
+        if key in objects:
+            wanted, ok = "an object", isinstance(value, dict)
+        elif key in integers:
+            wanted, ok = "a whole number ≥ 0", isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        elif key in numbers or (prefixes and key.startswith(NUMBER_PREFIXES)):
+            wanted, ok = "a number", is_number(value)
+        else:
+            continue
+        if not ok:
+            del record[key]
+            problems.append(f"{where}: '{key}' is {_a(value)}, not {wanted} (dropped)")
+
+
+def _metrics_line_problem(value) -> str | None:
+    """Why a parsed metrics line is not a record, or None."""
+    if not isinstance(value, dict):
+        return f"{_a(value)}, not an object"
+    kind = value.get("kind")
+    if not isinstance(kind, str):
+        return "no 'kind'" if kind is None else f"'kind' is {_a(kind)}, not a string"
+    for key, field_value in value.items():
+        if field_value is None or type(field_value) in (float, int):  # the common case, first
+            continue
+        numeric = _METRIC_KEYS.get(key)
+        if numeric is None:
+            numeric = _number_field(key, METRIC_NUMBERS)
+            if len(_METRIC_KEYS) < 10_000:
+                _METRIC_KEYS[key] = numeric
+        if numeric:
+            return f"'{key}' is {_a(field_value)}, not a number"
+    return None
+
+
+_METRIC_KEYS: dict[str, bool] = {}  # metrics field name -> must it be a number (a cache of _number_field)
+
+
+class MetricsScan(NamedTuple):
+    """What read_metrics found: the record lines, a half-written line, and what was skipped and why."""
+
+    records: list
+    truncated: bool
+    skipped: int  # lines that are not records (not counted: the half-written line, blank lines)
+    problems: list  # one sentence naming the skipped lines (empty when none)
+    unreadable: str | None  # '<file>: <why>' when the file cannot be used at all
+
+
+def scan_metrics(path: str | os.PathLike) -> MetricsScan:
+    """Read a metrics.jsonl line by line (bytes, so that one bad byte spoils one line, not the file)."""
+    path = Path(path)
+    try:
+        data = _read_bytes(path)
+    except Unreadable as error:
+        return MetricsScan([], False, 0, [], str(error))
+    records, truncated, bad, first_bad = [], False, 0, None
+    data = data or b""
+    try:  # the whole file at once when it is all UTF-8 (the usual case, faster), else line by line
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = data.split(b"\n")  # a newline byte is never part of a UTF-8 multi-byte character
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        why = None
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            truncated = True
-    return records, truncated
+            text = raw if isinstance(raw, str) else raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            why = f"not UTF-8 text (byte 0x{raw[error.start]:02x})"
+        else:
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                if text.lstrip().startswith("{"):  # a half-written line: the job was killed while writing it
+                    truncated = True
+                    continue
+                why = "not JSON"
+            else:
+                why = _metrics_line_problem(value)
+        if why is None:
+            records.append(value)
+        else:
+            bad += 1
+            first_bad = first_bad or f"line {number}: {why}"
+    if bad and not records:
+        return MetricsScan([], truncated, bad, [], f"{path.name}: no line is a metrics record ({first_bad})")
+    problems = [f"{path.name}: {bad} line(s) skipped, not metrics records ({first_bad})"] if bad else []
+    return MetricsScan(records, truncated, bad, problems, None)
+
+
+def read_metrics(path: str | os.PathLike) -> tuple[list[dict], bool]:
+    """Every record line of a metrics.jsonl, and whether a half-written (truncated) line was skipped.
+
+    Never raises: an unreadable file gives no records (scan_metrics says why)."""
+    scan = scan_metrics(path)
+    return scan.records, scan.truncated
 
 
 def read_rank(folder: str | os.PathLike) -> dict:
-    """One rank's record: {'run', 'metrics', 'summary', 'state', 'truncated'}; never raises on a partial run."""
+    """One rank's record; never raises, whatever is on disk.
+
+    {'run', 'summary': dict or None, 'metrics': list of dicts, 'truncated': bool, 'state',
+     'unreadable': '<rank folder>/<file>: <why>' or None, 'problems': list of sentences}.
+    state: summary's status ('completed', 'failed'), 'running or killed' (run.json but no summary),
+    'missing' (neither), or 'unreadable: <rank folder>/<file>: <why>' when a file cannot be used at all;
+    what could be read of the other files is kept."""
     folder = Path(folder)
-
-    def load(name):
-        try:
-            return json.loads((folder / name).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    run, summary = load("run.json"), load("summary.json")
-    metrics, truncated = read_metrics(folder / "metrics.jsonl")
-    if summary is not None:
-        state = summary.get("status", "completed")
-    elif run is not None:
-        state = "running or killed"
+    record = {"run": None, "metrics": [], "summary": None, "state": "missing", "truncated": False,
+              "unreadable": None, "problems": []}
+    unreadable = []
+    if folder.exists() and not folder.is_dir():
+        unreadable.append(f"{folder.name}: a file, not a folder")
     else:
-        state = "missing"
-    return {"run": run, "metrics": metrics, "summary": summary, "state": state, "truncated": truncated}
+        for key, name in (("run", "run.json"), ("summary", "summary.json")):
+            try:
+                record[key], problems = read_json_object(folder / name)
+            except Unreadable as error:
+                unreadable.append(f"{folder.name}/{error}")
+            else:
+                record["problems"] += [f"{folder.name}/{p}" for p in problems]
+        scan = scan_metrics(folder / "metrics.jsonl")
+        record.update(metrics=scan.records, truncated=scan.truncated)
+        record["problems"] += [f"{folder.name}/{p}" for p in scan.problems]
+        if scan.unreadable:
+            unreadable.append(f"{folder.name}/{scan.unreadable}")
+    record["problems"] = unreadable + record["problems"]
+    if unreadable:
+        record["unreadable"] = unreadable[0]
+        record["state"] = f"{UNREADABLE}: {unreadable[0]}"
+    elif record["summary"] is not None:
+        record["state"] = record["summary"].get("status") or "completed"
+    elif record["run"] is not None:
+        record["state"] = "running or killed"
+    return record

@@ -1,4 +1,9 @@
-"""One training run as the notebooks see it: every rank's record, read tolerantly."""
+"""One training run as the notebooks see it: every rank's record, read tolerantly.
+
+Nothing on disk makes a Run raise: a record file that cannot be used gives the state
+"unreadable: rank<k>/<file>: <why>" (see dlokit.runrecord.read_rank), smaller damage (skipped metrics
+lines, dropped fields) is listed in `problems`, and every view shows both instead of failing.
+"""
 from __future__ import annotations
 
 import os
@@ -7,9 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dlokit.runrecord import default_runs_dir, read_rank
+from dlokit.runrecord import UNREADABLE, default_runs_dir, read_rank
 
 COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed", "missing"
+CANCELLED, SKIPPED = "cancelled", "skipped"
+ENDED_BADLY = (FAILED, "oom", "aborted")  # summary statuses of a run that stopped on an error
 OOM_MARKERS = ("out of memory", "outofmemoryerror")
 
 
@@ -24,7 +31,8 @@ class Run:
     @property
     def rank0(self) -> dict:
         if not self.ranks:
-            return {"run": None, "metrics": [], "summary": None, "state": MISSING, "truncated": False}
+            return {"run": None, "metrics": [], "summary": None, "state": MISSING, "truncated": False,
+                    "unreadable": None, "problems": []}
         return self.ranks[min(self.ranks)]
 
     @property
@@ -33,7 +41,8 @@ class Run:
 
     @property
     def config(self) -> dict:
-        return self.info.get("config") or {}
+        config = self.info.get("config")
+        return config if isinstance(config, dict) else {}
 
     @property
     def summary(self) -> dict:
@@ -45,17 +54,37 @@ class Run:
 
     @property
     def world_size(self) -> int:
-        return int(self.info.get("world_size") or len(self.ranks) or 1)
+        try:
+            return max(1, int(self.info.get("world_size") or len(self.ranks) or 1))
+        except (TypeError, ValueError):
+            return max(1, len(self.ranks))
+
+    @property
+    def unreadable(self) -> str | None:
+        """'rank<k>/<file>: <why>' of the first record file that could not be used at all, else None."""
+        return next((r["unreadable"] for _, r in sorted(self.ranks.items()) if r.get("unreadable")), None)
+
+    @property
+    def problems(self) -> list[str]:
+        """Everything the reader could not use, file by file: unreadable files, skipped lines, dropped fields."""
+        return [p for _, r in sorted(self.ranks.items()) for p in r.get("problems") or []]
 
     @property
     def state(self) -> str:
+        """'completed', 'failed', 'running or killed', 'missing' or 'unreadable: rank<k>/<file>: <why>'."""
+        if self.unreadable:
+            return f"{UNREADABLE}: {self.unreadable}"
         states = [r["state"] for r in self.ranks.values()]
         if not states or all(s == MISSING for s in states):
             return MISSING
-        if FAILED in states:
+        if any(s in ENDED_BADLY for s in states):  # the scripts also write "oom" and "aborted"
             return FAILED
+        if CANCELLED in states:
+            return CANCELLED
         if all(s == COMPLETED for s in states) and len(states) >= self.world_size:
             return COMPLETED
+        if all(s in (COMPLETED, SKIPPED) for s in states) and SKIPPED in states:
+            return SKIPPED
         return RUNNING
 
     @property
@@ -98,15 +127,24 @@ class Run:
         return f"{self.run_id} ({name})" if name else str(self.run_id)
 
     def describe_state(self) -> str:
-        """One line: 'run 1234: running or killed, 12 steps so far (last line truncated)'."""
-        if self.state == MISSING:
+        """One line: 'run 1234: running or killed, 12 steps so far (last line truncated)';
+        'run 1234: unreadable: rank0/run.json: not a JSON object (a list); 12 steps readable'; other problems
+        of the record follow a ' ⚠ '."""
+        state = self.state
+        if state == MISSING:
             return f"run {self.run_id}: missing (no record under {self.path})"
         n = len(self.steps)
-        text = f"run {self.label}: {self.state}, {n} steps" + (" so far" if self.state == RUNNING else "")
-        if self.state == FAILED and self.error:
+        if self.unreadable:
+            text = f"run {self.label}: {state}; {n} steps readable"
+        else:
+            text = f"run {self.label}: {state}, {n} steps" + (" so far" if state == RUNNING else "")
+        if state == FAILED and self.error:
             text += f" — {self.error[:120]}"
         if self.truncated:
             text += " (last metrics line truncated)"
+        others = [p for p in self.problems if p != self.unreadable]
+        if others:
+            text += f" ⚠ {others[0]}" + (f" (+{len(others) - 1} more)" if len(others) > 1 else "")
         return text
 
     def __repr__(self) -> str:
@@ -134,11 +172,13 @@ def _resolve(run_id_or_path, runs_dir) -> Path:
 
 
 def _sanitised(record: dict) -> dict:
-    """Keep only JSON objects, so that a corrupted file reads as a partial run rather than an error."""
+    """read_rank's record with the types every view relies on (read_rank already checks them)."""
     for key in ("run", "summary"):
         if not isinstance(record.get(key), dict):
             record[key] = None
     record["metrics"] = [m for m in record.get("metrics") or [] if isinstance(m, dict)]
+    record.setdefault("unreadable", None)
+    record.setdefault("problems", [])
     return record
 
 
@@ -150,7 +190,7 @@ def load_run(run_id_or_path, runs_dir=None) -> Run:
     ranks = {}
     for folder in sorted(path.glob("rank*")) if path.is_dir() else []:
         suffix = folder.name[4:]
-        if folder.is_dir() and suffix.isdigit():
+        if suffix.isdigit():  # a 'rank0' that is not a folder reads as unreadable
             ranks[int(suffix)] = _sanitised(read_rank(folder))
     return Run(run_id=path.name, path=path, ranks=ranks)
 

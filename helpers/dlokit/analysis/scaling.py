@@ -24,7 +24,11 @@ def check_data_parallel(run: Run) -> None:
     """Raise ScalingError if a multi-rank run was not really data-parallel."""
     if run.world_size <= 1:
         return
+    if run.state.startswith("unreadable"):
+        raise ScalingError(f"run {run.run_id} cannot be read ({run.state}): leave it out of the comparison")
     observed = run.info.get("observed") or run.summary.get("observed") or {}
+    if not observed and run.state != "completed":
+        return  # it never got through a step: no throughput to compare, the plot names it
     if not observed:
         raise ScalingError(f"run {run.run_id} ({run.world_size} ranks) recorded no 'observed' block, so "
                            "nothing shows it used DDP: it cannot be part of a scaling comparison")

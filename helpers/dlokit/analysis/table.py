@@ -27,7 +27,8 @@ COLUMNS = ("run_id", "name", "state", "script", "model", "batch_size", "global_b
            "channels_last", "workers", "pin_memory", "non_blocking", "prefetch_factor",
            "persistent_workers", "world_size", "steps", "throughput_train", "throughput_compute",
            *SPLITS, "first_step_load_s", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j",
-           "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error", "overlapped_by")
+           "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error", "overlapped_by",
+           "problems")
 
 
 def config_value(run: Run, key: str, default=None):
@@ -116,12 +117,17 @@ def run_row(run: Run) -> dict:
         "val_acc": _val_acc(run, "val_acc"), "best_val_acc": _val_acc(run, "best_val_acc"),
         "wall_time_s": as_number(run.summary.get("wall_time_s")),
         "oom": run.oom, "truncated": run.truncated, "error": run.error,
+        # what the reader skipped or dropped (an unreadable file is in `state` already)
+        "problems": "; ".join(p for p in run.problems if p != run.unreadable),
     }
     return row
 
 
 def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
     """One row per run (ids, paths or Run objects; default: every run under runs_dir).
+
+    A run whose record cannot be read is a row too: `state` says "unreadable: rank<k>/<file>: <why>",
+    `problems` lists lines skipped and fields dropped by the reader (empty when none).
 
     `overlapped_by` lists the runs that ran at the same time on the same devices (see overlap.py):
     such a row's speed is not a valid measurement."""
