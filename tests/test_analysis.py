@@ -363,3 +363,13 @@ def test_every_helper_survives_partial_runs(odd_runs, helper, run_id):
     state = analysis.load_run(run_id, odd_runs).state
     assert state == {"empty-running": "running or killed", "failed-at-start": "failed", "garbage": "unreadable: rank0/run.json: not a JSON object (a list)",
                      "half-the-ranks": "running or killed", "absent": "missing"}[run_id]
+
+
+def test_energy_counts_each_physical_gpu_once(tmp_path):
+    """NVML's counter belongs to a GPU: two ranks reading the same GPU must not add it twice."""
+    for run_id, uuids in (("801", ["GPU-a", "GPU-a"]), ("802", ["GPU-a", "GPU-b"]), ("803", [None, None])):
+        for rank, uuid in enumerate(uuids):
+            recorder = RunRecorder({"batch_size": 8}, rank=rank, world_size=2, run_id=run_id, runs_dir=tmp_path)
+            recorder.finish(energy_j=100.0 + 10 * rank, gpu_uuid=uuid)
+    energy = dict(zip(*analysis.runs_table(["801", "802", "803"], tmp_path)[["run_id", "energy_j"]].T.values))
+    assert energy == {"801": 110.0, "802": 210.0, "803": 210.0}

@@ -97,6 +97,7 @@ def test_smoke_learns_above_chance(tmp_path, learnable):
         assert summary[key] is not None and summary[key] >= 0, key
     assert summary["throughput_compute"] >= summary["throughput_train"]
     assert summary["gpu_mem_peak_mb"] is None and summary["energy_j"] is None  # CPU: null, no crash
+    assert summary["energy_wh"] is None and summary["gpu_uuid"] is None and summary["gpu_hours"] is None
     steps = step_lines(rec)
     assert len(steps) == 60 and all(s["t_step"] > 0 and "loss" in s for s in steps)
     # the CPU path: every step split into its phases, t_step their sum, throughput from data + step
@@ -232,12 +233,95 @@ def test_bad_inputs_are_refused_clearly(capsys, tmp_path, tiny):
     assert "--bucket-cap-mb must be positive" in refused(capsys, ["--data", tiny, "--bucket-cap-mb", 0])
 
 
+NO_DATA = ("no data set: pass --data PATH (an ImageNet-layout folder), --data synthetic, or make one with: "
+           "python data/make_synthetic_imagenet.py --out data/generated/tiny")
+
+
 def test_bad_input_exits_2_without_traceback(tmp_path):
     env = {k: v for k, v in env_for("bad").items() if k != "DLOKIT_DATA"}
-    done = subprocess.run([PYTHON, str(SCRIPT), "--model", "resnet18"], cwd=REPO, env=env,
+    done = subprocess.run([PYTHON, str(SCRIPT), "--model", "resnet18", "--test"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "no data set: pass --data" in done.stderr and "make_synthetic_imagenet.py" in done.stderr
+    # one line that says how to make a data set, not buried under the usage text
+    assert done.stderr.strip().splitlines() == [f"train_classifier.py: error: {NO_DATA}"]
+
+
+def test_a_folder_without_train_says_how_to_make_one(capsys, tmp_path):
+    (tmp_path / "flat").mkdir()
+    for folder in (tmp_path / "flat", tmp_path / "nowhere"):
+        err = refused(capsys, ["--data", folder, "--test"])
+        assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+        assert f"make one with: python data/make_synthetic_imagenet.py --out {folder}" in err
+        assert "--data synthetic" in err
+
+
+# ---- ending early: an OOM on one rank ends every rank; a cancelled job says so ---------------------------
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_oom_on_one_rank_ends_every_rank_and_is_recorded(tmp_path):
+    """Two gloo ranks started like srun tasks (no torchrun to kill the survivor): rank 1 runs out of memory
+    at step 3 (the test hook); rank 0, waiting in its next all-reduce, must end by itself, promptly."""
+    port, processes = free_port(), []
+    for rank in (0, 1):
+        env = {**env_for("oom"), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "DLOKIT_TEST_OOM_AT_STEP": "3", "DLOKIT_TEST_OOM_RANK": "1"}
+        cmd = [PYTHON, str(SCRIPT), "--runs-dir", str(tmp_path), *SMALL, "--data", "synthetic", "--num-classes", 4,
+               "--batch-size", 4, "--test", "--test-nsteps", 8, "--synthetic-steps", 8]
+        processes.append(subprocess.Popen([*map(str, cmd)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=120))  # NCCL's timeout would be minutes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    codes = [p.returncode for p in processes]
+    assert codes == [1, 3], (codes, outputs)  # rank 0 stopped because of rank 1; rank 1: out of memory
+    oom, stopped = rank_record(tmp_path, "oom", 1), rank_record(tmp_path, "oom", 0)
+    summary = oom["summary"]
+    assert summary["status"] == "failed" and summary["oom"] is True and summary["batch_size"] == 4
+    assert "OutOfMemoryError: out of memory at step 3" in summary["error"]
+    assert "gpu_mem_peak_mb" in summary and summary["host_rss_peak_mb"] > 0 and summary["steps"] == 2
+    assert any(m.get("event") == "oom" and m["batch_size"] == 4 for m in oom["metrics"])
+    assert stopped["summary"]["status"] == "failed" and stopped["summary"]["stopped_by_rank"] == 1
+    assert "rank 1 ran out of memory at step 3" in stopped["summary"]["error"]
+    assert "rank 1: OutOfMemoryError" in outputs[1][1] and "Traceback" not in outputs[0][1] + outputs[1][1]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_cancelled_run_is_recorded_as_cancelled(tmp_path, signum):
+    cmd = [PYTHON, str(SCRIPT), "--runs-dir", str(tmp_path), *SMALL, "--data", "synthetic", "--num-classes", 4,
+           "--batch-size", 4, "--test", "--test-nsteps", 100000, "--synthetic-steps", 100000]
+    process = subprocess.Popen([*map(str, cmd)], cwd=REPO, env=env_for("cancel"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "cancel" / "rank0" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and process.poll() is None:
+            if metrics.exists() and metrics.read_text().count('"kind": "step"') >= 2:
+                process.send_signal(signum)  # scancel / torchrun (SIGTERM), Ctrl-C (SIGINT)
+                break
+            time.sleep(0.05)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signum, stderr[-2000:]
+    record = rank_record(tmp_path, "cancel")
+    summary = record["summary"]
+    assert record["state"] == summary["status"] == "cancelled" and summary["signal"] == signum.name
+    assert summary["steps"] >= 2 and "Traceback" not in stderr
+    assert record["metrics"][-1]["event"] == "cancelled"
 
 
 # ---- timing: the CPU/GPU overlap is kept (a fake GPU clock counts the synchronisations) ----------

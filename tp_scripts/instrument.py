@@ -8,6 +8,12 @@ shows the training and nothing else.
     ins.end_step(step, epoch=..., ...)     # the step's metrics line (on a GPU: once its timing is known)
     ins.event("checkpoint_saved", ...)     # an event line: work done between two steps
     ins.finish(...)                        # summary.json and the closing lines
+    return ins.out_of_memory(error, ...)   # a rank ran out of memory: recorded, every rank stops (exit 3)
+
+How a run ends early is recorded too (docs/run-records.md): out of memory (`failed`, `oom: true`, the batch
+size and the peak memory; the other ranks are told through the process group's store and stop at once
+instead of waiting in their next collective until the NCCL timeout), a cancelled job (SIGTERM from
+scancel or torchrun, SIGINT from Ctrl-C: `cancelled`, exit code 128 + the signal's number).
 
 Timing keeps the CPU/GPU overlap that Day 1 teaches (dlokit.measure.StepClock): on a GPU, an ordinary
 step is timed as a whole with CUDA events and costs no synchronisation; the phase split (data, h2d,
@@ -19,6 +25,11 @@ it is not part of any TP, you do not need to edit it.
 """
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+import threading
 import time
 
 import torch
@@ -34,6 +45,14 @@ from train_options import augmentations
 TIMING_WARMUP_STEPS = 2  # left out of the averages: first steps pay for allocation, autotuning, compilation
 SPLITS = ("data", "h2d", "augment", "forward", "backward", "optimizer", "metrics")
 POWER_SAMPLE_S = 0.2     # NVML power readings are themselves averages: no need to ask more often
+OOM_EXIT_CODE = 3        # as tp_scripts/llm/train_llm.py
+STOPPED_EXIT_CODE = 1    # this rank stopped because another one failed
+WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note in the process group's store
+ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
+LEAVE_GRACE_S = 1.0      # then the others give its process that long to end before they exit too
+# Test only (tests/test_train_image.py): a fake out-of-memory error after the forward pass of this step,
+# on the rank DLOKIT_TEST_OOM_RANK (every rank when unset). Never set it for a real run.
+TEST_OOM_AT_STEP, TEST_OOM_RANK = "DLOKIT_TEST_OOM_AT_STEP", "DLOKIT_TEST_OOM_RANK"
 
 
 class Instrument:
@@ -52,20 +71,35 @@ class Instrument:
         self.first_load = None
         self.last_metrics: dict = {}
         self._last_power = None
+        self.rank, self.world_size = rank, world_size
+        self.step, self.steps_done = start_step, start_step  # the step under way, the last one ended
+        # one way out only: finished, out of memory, cancelled, stopped by another rank (reentrant: a signal
+        # handler runs in the main thread, maybe while it holds the lock)
+        self._ending = threading.RLock()
+        self._ended = False
+        self._oom_at = _test_oom_step(rank)
+        self._watch, self._signals = None, {}
+        self._watch = RankWatch(self) if dist.is_initialized() and world_size > 1 else None
+        self._signals = install_cancel_handlers(self)
 
     # ---- the step ---------------------------------------------------------------------------------
 
     def start_step(self, step: int) -> None:
         """`step`: the number the step will have once done (global, from 1)."""
+        self.step = step
         self.clock.start(step)
 
     def split(self, name: str) -> None:
         self.clock.split(name)
+        if name == "forward" and self.step == self._oom_at:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Injected at step {self.step} by {TEST_OOM_AT_STEP} "
+                                         "(a test hook, not a real allocation failure)")
 
     def end_step(self, step: int, *, epoch: int, lr: float, samples: int, **metrics) -> None:
         """Queue the step's metrics line; lines are written, in order, once their timing is known."""
         if metrics:
             self.last_metrics = metrics
+        self.steps_done = step
         self.clock.stop({"epoch": epoch, "lr": lr, "batch_size": samples, **metrics})
         self._write(self.clock.ready())
 
@@ -178,6 +212,7 @@ class Instrument:
 
     def finish(self, **extra) -> dict:
         """Means over the timed steps, memory and energy, plus `extra`; writes summary.json and returns it."""
+        self.stop_watching()
         self.flush()
         overlap = self.clock.overlap
         timed = self.timed
@@ -202,12 +237,15 @@ class Instrument:
             "throughput_train": samples / pace if timed else None,
             "throughput_compute": samples / t_step if timed else None,
             "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device), "host_rss_peak_mb": peak_rss_mb(),
-            "energy_j": self.energy.energy_j(), "peak_power_w": self.energy.peak_power_w,
+            **self.energy.summary(),
             "train_loss": self.last_metrics.get("loss"),
             **extra,
             "observed": self.observed,
         }
+        if not self._claim_end():
+            return summary  # a signal ended the run meanwhile: its record stands
         self.record.finish(**summary)
+        self._restore_signals()
         if timed:
             parts = ", ".join(f"{name} {summary[f't_{name}'] * 1e3:.1f}" for name in SPLITS[1:6]
                               if summary[f"t_{name}"] is not None)
@@ -218,6 +256,249 @@ class Instrument:
                      (f" | GPU peak {summary['gpu_mem_peak_mb']:.0f} MiB"
                       if summary["gpu_mem_peak_mb"] is not None else ""))
         return summary
+
+    # ---- ending early: out of memory, another rank stopped, a cancelled job ---------------------------
+
+    def out_of_memory(self, error: BaseException, *, batch_size: int) -> int:
+        """This rank ran out of memory (torch.OutOfMemoryError on the GPU, MemoryError on the host): the cause
+        in the record, a note that stops the other ranks, the process group aborted. Returns the exit code."""
+        name = type(error).__name__
+        message = (str(error).splitlines() or [""])[0] or "no message"
+        peak_gpu, peak_host = peak_gpu_memory_mb(self.device), peak_rss_mb()
+        peak = (f"peak GPU memory {peak_gpu:.0f} MiB, " if peak_gpu is not None else "") + \
+            f"peak host memory {peak_host:.0f} MiB"
+        where = f"step {self.step}, --batch-size {batch_size} per process"
+        text = f"{name}: out of memory at {where} ({peak}): {message}"
+        print(f"train_classifier.py: rank {self.rank}: {text}", file=sys.stderr, flush=True)
+        if self._claim_end():
+            self._write(self.clock.ready())  # the step lines already timed; no waiting for the device
+            self.record.log("event", event="oom", error=text, step=self.step, batch_size=batch_size,
+                            gpu_mem_peak_mb=peak_gpu, host_rss_peak_mb=peak_host)
+            self.record.finish(status="failed", error=text, oom=True, failed_step=self.step,
+                               batch_size=batch_size, **self._early_summary())
+            self._restore_signals()
+        self.stop_watching()
+        store = _store()  # kept: the process group (and its store handle) is gone once aborted
+        tell_other_ranks(store, {"rank": self.rank, "status": "failed", "oom": True, "leaves": True,
+                                 "reason": f"ran out of memory at {where} ({name})"}, wait_for=self.world_size)
+        abort_process_group(self.device)
+        say_leaving(store)  # the others exit after this rank: the launcher names it as the first failure
+        return OOM_EXIT_CODE
+
+    def stopped_by_other_rank(self, error: BaseException) -> int:
+        """A collective of this rank failed: when another rank left a stop note (it ran out of memory, or
+        was cancelled), record that cause rather than the broken connection, and return the exit code;
+        otherwise re-raise `error` (the usual failed summary and traceback follow)."""
+        note = read_stop_note()
+        if note is None or note.get("rank") == self.rank:
+            raise error
+        return self.stop_for(note, leave_now=False)
+
+    def stop_for(self, note: dict, *, leave_now: bool) -> int:
+        """Another rank stopped early (its note): finish this rank's record with that cause. leave_now: called
+        by the watching thread while the main thread may wait forever in a collective: exit the process."""
+        status = note.get("status", "failed")
+        code = note.get("exit_code", STOPPED_EXIT_CODE)
+        reason = f"rank {note.get('rank')} {note.get('reason', 'stopped')}; rank {self.rank} stopped at step {self.step}"
+        if not self._claim_end():
+            if leave_now:
+                return code  # the main thread is already ending this rank its own way
+        else:
+            print(f"train_classifier.py: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
+            self.record.log("event", event="stopped", by_rank=note.get("rank"), reason=reason)
+            self.record.finish(status=status, error=reason, stopped_by_rank=note.get("rank"),
+                               oom=bool(note.get("oom")), **self._early_summary())
+            acknowledge_stop_note(note)
+        if leave_now:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        self._restore_signals()
+        self.stop_watching(wait=False)
+        abort_process_group(self.device)
+        return code
+
+    def cancel(self, signum: int) -> None:
+        """SIGTERM or SIGINT (a cancelled job, Ctrl-C): record status 'cancelled', tell the other ranks."""
+        name = signal.Signals(signum).name
+        if self._claim_end():
+            self.record.log("event", event="cancelled", signal=name, step=self.step)
+            self.record.finish(status="cancelled", signal=name, error=f"cancelled by {name} at step {self.step}",
+                               **self._early_summary())
+        self.stop_watching(wait=False)
+        tell_other_ranks(_store(), {"rank": self.rank, "status": "cancelled", "reason": f"was cancelled ({name})",
+                                    "exit_code": 128 + signum}, wait_for=0)
+
+    def _claim_end(self) -> bool:
+        """True for the first way out only (the record is finished once)."""
+        with self._ending:
+            ended, self._ended = self._ended, True
+            return not ended
+
+    def _early_summary(self) -> dict:
+        return {"steps": self.steps_done, "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device),
+                "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(),
+                "train_loss": self.last_metrics.get("loss"), "observed": self.observed}
+
+    def stop_watching(self, wait: bool = True) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop(wait)
+
+    def _restore_signals(self) -> None:
+        for signum, previous in self._signals.items():
+            try:
+                signal.signal(signum, previous)
+            except (ValueError, TypeError):  # not the main thread, or a handler set outside Python
+                pass
+        self._signals = {}
+
+
+# ---- the other ranks: a note in the process group's store ----------------------------------------------
+# A rank that stops early (out of memory, cancelled) leaves a note in the store every rank of the job shares
+# (torchrun's or rank 0's TCPStore). A thread of every other rank looks for it each WATCH_EVERY_S and ends
+# that rank at once: otherwise it would wait in its next collective (a DDP all-reduce) until the timeout.
+
+def _stop_key() -> str:  # a torchrun restart starts with no note
+    return f"dlokit/stop/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _store():
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def tell_other_ranks(store, note: dict, *, wait_for: int) -> None:
+    """Leave the note, then wait (at most ACK_WAIT_S) until `wait_for` ranks, this one included, are done with
+    notes: the store may live in this very process (rank 0 without torchrun) and must outlive their reading.
+    Ranks that fail together (every rank out of memory at the same step) count each other as done."""
+    if store is None:
+        return
+    try:
+        store.set(_stop_key(), json.dumps(note))
+        store.add(_stop_key() + "/read", 1)
+        deadline = time.monotonic() + ACK_WAIT_S
+        while wait_for and time.monotonic() < deadline and store.add(_stop_key() + "/read", 0) < wait_for:
+            time.sleep(0.05)
+    except Exception:  # the store is gone (rank 0 already ended): nobody left to tell
+        pass
+
+
+def say_leaving(store) -> None:
+    try:
+        if store is not None:
+            store.set(_stop_key() + "/left", "1")
+    except Exception:
+        pass
+
+
+def read_stop_note() -> dict | None:
+    store = _store()
+    try:
+        if store is None or not store.check([_stop_key()]):
+            return None
+        return json.loads(store.get(_stop_key()))
+    except Exception:
+        return None
+
+
+def acknowledge_stop_note(note: dict) -> None:
+    """Tell the noting rank that this one has read its note; when it says it leaves, let it leave first (up
+    to ACK_WAIT_S): a launcher reports the first rank to exit as the root cause."""
+    store = _store()
+    try:
+        if store is None:
+            return
+        store.add(_stop_key() + "/read", 1)
+        deadline = time.monotonic() + ACK_WAIT_S
+        while note.get("leaves") and time.monotonic() < deadline and not store.check([_stop_key() + "/left"]):
+            time.sleep(0.05)
+        if note.get("leaves"):
+            time.sleep(LEAVE_GRACE_S)
+    except Exception:  # the store is gone with the noting rank: it has left
+        pass
+
+
+class RankWatch:
+    """The thread that looks for another rank's stop note (never acts on anything else: a store that stops
+    answering at the end of a run is no reason to stop)."""
+
+    def __init__(self, ins):
+        self.ins = ins
+        self._quit = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dlokit-rank-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._quit.wait(WATCH_EVERY_S):
+            store = _store()
+            try:
+                if store is None or not store.check([_stop_key()]):
+                    continue
+                note = json.loads(store.get(_stop_key()))
+            except Exception:
+                return  # the store is gone: the job is ending anyway
+            if note.get("rank") != self.ins.rank and not self._quit.is_set():
+                self.ins.stop_for(note, leave_now=True)
+            return
+
+    def stop(self, wait: bool = True) -> None:
+        self._quit.set()
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * WATCH_EVERY_S)
+
+
+def abort_process_group(device) -> None:
+    """Leave the process group without waiting for the other ranks (NCCL: abort its communicators)."""
+    if not dist.is_initialized():
+        return
+    try:
+        if getattr(device, "type", "cpu") == "cuda":
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+# ---- a cancelled job -------------------------------------------------------------------------------------
+
+def install_cancel_handlers(ins) -> dict:
+    """SIGTERM and SIGINT finish the record as 'cancelled' and exit with 128 + the signal's number. Returns
+    the handlers replaced (restored when the run ends). DataLoader workers (forked: they inherit the
+    handler) end as they would have without it. Main thread only. dlokit.runrecord may have installed a
+    SIGTERM handler of its own for the same purpose: this one replaces it for the run, and puts it back."""
+    owner, replaced = os.getpid(), {}
+
+    def handler(signum, frame):
+        if os.getpid() != owner:  # a forked DataLoader worker: it has no record of its own to finish
+            if replaced.get(signum) is signal.default_int_handler:
+                return signal.default_int_handler(signum, frame)  # KeyboardInterrupt: the worker ends quietly
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return None
+        ins.cancel(signum)
+        abort_process_group(ins.device)
+        if hasattr(signal, "SIGCHLD"):  # the job's signal ended the DataLoader workers too: no complaint about it
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return replaced
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        replaced[signum] = signal.signal(signum, handler)
+    return replaced
+
+
+def _test_oom_step(rank: int) -> int | None:
+    step, only_rank = os.environ.get(TEST_OOM_AT_STEP), os.environ.get(TEST_OOM_RANK)
+    if not step or (only_rank not in (None, "") and int(only_rank) != rank):
+        return None
+    return int(step)
 
 
 def tf32_enabled() -> bool:

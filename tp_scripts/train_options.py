@@ -14,6 +14,9 @@ import os
 import sys
 import warnings
 
+MAKE_DATA = "python data/make_synthetic_imagenet.py --out"
+NO_DATA = ("no data set: pass --data PATH (an ImageNet-layout folder), --data synthetic, "
+           f"or make one with: {MAKE_DATA} data/generated/tiny")
 MIN_IMAGE_SIZE = 32  # torchvision ImageNet classifiers downsample by 32: smaller inputs leave no features
 AUGMENTATIONS = ("none", "randaugment", "mixup", "cutmix")  # --augment takes one, or several joined by commas
 
@@ -206,17 +209,23 @@ def parse_args(argv=None, world_size: int = 1, cuda_available: bool | None = Non
     cuda_available = torch.cuda.is_available() if cuda_available is None else cuda_available
     check_options(parser, args, world_size, cuda_available)
     check_model(parser, args.model, args.image_size)
-    if args.data is None:
-        parser.error("no data set: pass --data PATH (or --data synthetic) or set DLOKIT_DATA; "
-                     "make one with: python data/make_synthetic_imagenet.py --out data/generated/tiny")
+    if args.data is None:  # neither --data nor $DLOKIT_DATA
+        refuse(parser, NO_DATA)
     if args.data != "synthetic":
         from image_data import DataSetError, check_image_folder
 
         try:
             check_image_folder(args.data)
         except DataSetError as error:
-            parser.error(str(error))
+            hint = "" if os.path.isdir(os.path.join(args.data, "train")) else \
+                f"; pass --data synthetic, or make one with: {MAKE_DATA} {args.data}"
+            refuse(parser, f"{error}{hint}")
     return args
+
+
+def refuse(parser, message: str) -> None:
+    """A data set problem: one line on stderr, exit code 2 (the usage text would only hide the sentence)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 if __name__ == "__main__":  # python train_options.py --help

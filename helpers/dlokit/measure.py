@@ -184,24 +184,61 @@ def peak_gpu_memory_mb(device=None) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 1024**2
 
 
+def nvml_handle(nvml, device):
+    """NVML's handle for a CUDA device, found by the GPU's UUID (else its PCI bus id), never by the CUDA ordinal.
+
+    CUDA numbers only the GPUs that CUDA_VISIBLE_DEVICES leaves visible, NVML every GPU of the machine: in a
+    job given GPU 3 alone, cuda:0 is NVML's GPU 3, and nvmlDeviceGetHandleByIndex(0) would read another GPU
+    (another job's, or the same GPU 0 for every rank of a one-GPU-per-task job).
+    """
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:  # torch prints the bare 8-4-4-4-12 form; NVML names GPUs "GPU-<uuid>" and MIG slices "MIG-<uuid>"
+        for name in ([uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]):
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(name)
+            except Exception:
+                pass
+    if getattr(props, "pci_bus_id", None) is not None:
+        bus_id = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+        return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+    raise LookupError(f"NVML knows no GPU with the UUID or PCI bus id of cuda:{index}")
+
+
 class EnergyMeter:
-    """GPU energy and peak power through NVML; every reading is None where NVML is absent (CPU)."""
+    """GPU energy and peak power of this process's GPU through NVML; every reading is None where NVML is
+    absent (CPU, no driver, no permission, a GPU or MIG slice without an energy counter).
+
+    The counter is the whole physical GPU's: `gpu_uuid` names it, so that a table sums energy once per GPU
+    (not once per rank: two ranks on one GPU read the same counter).
+    """
 
     def __init__(self, device=None):
         self._handle = None
         self.peak_power_w = None
-        if device is None or getattr(device, "type", "cpu") != "cuda":
+        self.gpu_uuid = None
+        self.unavailable = None  # why there is no reading on a GPU (null on the CPU: nothing to read)
+        self._cuda = device is not None and getattr(device, "type", "cpu") == "cuda"
+        if not self._cuda:
             return
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            index = device.index if device.index is not None else 0
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._start_mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-        except Exception:  # no NVML library, no permission, or an old GPU without energy counters
-            self._handle = None
+            handle = nvml_handle(pynvml, device)
+            try:
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                self.gpu_uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            except Exception:
+                pass
+            self._start_mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+            self._handle = handle
+        except Exception as error:  # no NVML library, no driver, no permission, no energy counter
+            self.unavailable = f"{type(error).__name__}: {error}"[:200]
 
     def sample_power(self) -> float | None:
         if self._handle is None:
@@ -220,3 +257,14 @@ class EnergyMeter:
             return (self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) - self._start_mj) / 1000
         except Exception:
             return None
+
+    def summary(self) -> dict:
+        """The summary.json fields: energy in J and Wh, peak power, the GPU's UUID, and GPU-hours (this
+        process held its GPU from its start until now; null on the CPU)."""
+        from dlokit.runrecord import PROCESS_START
+
+        energy = self.energy_j()
+        return {"energy_j": energy, "energy_wh": energy / 3600 if energy is not None else None,
+                "peak_power_w": self.peak_power_w, "gpu_uuid": self.gpu_uuid,
+                "gpu_hours": (time.time() - PROCESS_START) / 3600 if self._cuda else None,
+                "energy_unavailable": self.unavailable}

@@ -132,7 +132,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise _write_failed(path, err) from err
+        raise _write_failed(path, err) from None  # one traceback, whose last line names the file
 
 
 class RunRecorder:
@@ -179,7 +179,7 @@ class RunRecorder:
             self._metrics.write(json.dumps(line, default=float) + "\n")
             self._metrics.flush()
         except OSError as err:
-            raise _write_failed(self.folder / "metrics.jsonl", err) from err
+            raise _write_failed(self.folder / "metrics.jsonl", err) from None
 
     def finish(self, status: str = "completed", **summary) -> None:
         if self._metrics.closed:
@@ -236,7 +236,13 @@ def _install_cancel_handler() -> None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
+    owner = os.getpid()
+
     def on_term(signum, _frame):
+        if os.getpid() != owner:  # a forked DataLoader worker inherits the handler: the records are not its own
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         for record in list(_open_records):
             try:
                 record.finish(status="cancelled", signal=signal.Signals(signum).name)

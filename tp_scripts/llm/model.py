@@ -111,6 +111,13 @@ def apply_rope(x, cos, sin):
     return x * cos[:, None, :].to(x.dtype) + rotated * sin[:, None, :].to(x.dtype)
 
 
+def causal_attention(q, k, v):
+    """q: (batch, heads, seq, head_dim); k, v: (batch, kv_heads, seq, head_dim)."""
+    repeats = q.shape[1] // k.shape[1]  # grouped-query attention: each kv head serves `repeats` q heads
+    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -120,6 +127,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.dim, kv_dim, bias=False)
         self.wv = nn.Linear(config.dim, kv_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        # softmax(q k^T / sqrt(d)) v over the causal window; context parallelism swaps it for a
+        # version that fetches the keys and values of the other ranks' parts of the sequence.
+        self.attend = causal_attention
 
     def forward(self, x, cos, sin):
         batch, seq, _ = x.shape
@@ -128,9 +138,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        repeats = q.shape[2] // k.shape[2]  # grouped-query attention: each kv head serves `repeats` q heads
-        k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -188,11 +196,16 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(param, std=0.02)
 
-    def forward(self, x):
-        """x: token ids (batch, seq), or hidden states on a pipeline stage without the embedding."""
+    def forward(self, x, positions=None):
+        """x: token ids (batch, seq), or hidden states on a pipeline stage without the embedding.
+        positions: the place of each of x's columns in the whole sequence, when x holds only some of
+        them (context parallelism); by default 0, 1, ..., seq - 1."""
         seq = x.shape[1]  # read before the embedding: under sequence parallelism h holds only a slice
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        if positions is None:
+            cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:

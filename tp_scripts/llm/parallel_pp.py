@@ -3,18 +3,27 @@
 naive       : the whole batch goes through stage 0, then stage 1, ...; one stage works at a time.
 gpipe       : the batch is cut into m micro-batches; all forwards, then all backwards.
 1f1b        : after warming up, each stage alternates one forward and one backward, so at most
-              p micro-batches' activations are alive (GPipe keeps m).
+              p micro-batches' activations are alive on the first stage (GPipe keeps m).
 interleaved : each rank holds v non-consecutive stages (rank r: stages r, r+p, ...); the bubble
               shrinks by v at the price of v times more sends.
-Idle fraction of the ideal time (the bubble): (p - 1) / m, or (p - 1) / (v m) interleaved.
+
+The bubble, as the idle fraction of a step: (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1)
+interleaved (idle over ideal time, the other usual form, is (p - 1) / m).
+
+What a step really did is measured inside the step, on the run's own micro-batches, dtype and clock:
+every forward/backward chunk a stage computes is timed (SectionTimer: CUDA events on a GPU) and
+logged in order, which gives this rank's busy time and the number of micro-batches whose
+activations were alive at once (the activation memory a schedule costs).
 """
 import copy
-import time
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from model import loss_fn
+from timing import SectionTimer
 
 SCHEDULES = {"naive": ScheduleGPipe, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved": ScheduleInterleaved1F1B}
@@ -39,43 +48,79 @@ def split_model(model, stage, num_stages):
     return model
 
 
-def build_pipeline(model, schedule_name, n_microbatches, pp_rank, pp_size, virtual_stages, device, group):
-    """Returns (schedule, this rank's stage modules, stage ids)."""
-    num_stages = pp_size * virtual_stages
-    ids = stage_ids(pp_rank, pp_size, virtual_stages)
-    modules = [split_model(copy.deepcopy(model), s, num_stages) for s in ids]
-    stages = [PipelineStage(m, s, num_stages, device, group=group) for m, s in zip(modules, ids)]
-    if schedule_name == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    else:
-        schedule = SCHEDULES[schedule_name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return schedule, modules, ids
+def merged_view(modules):
+    """One module holding this rank's stages with the full model's parameter names (layers keep
+    their index): what the checkpoint saves, so that any other layout can load it."""
+    if len(modules) == 1:
+        return modules[0]
+    view = nn.Module()
+    view.layers = nn.ModuleDict({name: block for m in modules for name, block in m.layers.items()})
+    for name in ("tok_embeddings", "norm", "output"):
+        owner = next((m for m in modules if getattr(m, name) is not None), None)
+        if owner is not None:
+            setattr(view, name, getattr(owner, name))
+    return view
 
 
-def pipeline_step(schedule, ids, num_stages, inputs, targets):
-    """One forward+backward of the whole batch; returns the mean micro-batch loss (last stage) or None."""
-    losses = []
-    args = (inputs,) if 0 in ids else ()
-    kwargs = {"target": targets, "losses": losses} if num_stages - 1 in ids else {}
-    schedule.step(*args, **kwargs)
-    return torch.stack(losses).mean().detach() if losses else None
+class Pipeline:
+    """This rank's stages and schedule, instrumented: `step()` runs one batch, `take_stats()` says
+    how long this rank computed and how many micro-batches were in flight at most."""
 
+    def __init__(self, model, schedule_name, n_microbatches, pp_rank, pp_size, virtual_stages, device, group):
+        self.group, self.device = group, device
+        self.num_stages = pp_size * virtual_stages
+        self.pp_size, self.virtual, self.microbatches = pp_size, virtual_stages, n_microbatches
+        self.ids = stage_ids(pp_rank, pp_size, virtual_stages)
+        self.modules = [split_model(copy.deepcopy(model), s, self.num_stages) for s in self.ids]
+        stages = [PipelineStage(m, s, self.num_stages, device, group=group) for m, s in zip(self.modules, self.ids)]
+        if schedule_name == "interleaved":
+            self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        else:
+            self.schedule = SCHEDULES[schedule_name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+        self.busy = SectionTimer(device)
+        self.actions = []  # this step's ("F" | "B" | "W", stage, micro-batch), in the order they ran
+        for stage in stages:
+            self._instrument(stage)
+        compute_loss = self.schedule._compute_loss  # the last stage's loss is compute too
 
-def microbatch_compute_seconds(modules, ids, num_stages, inputs, targets, n_microbatches, repeats=3):
-    """Forward+backward time of one micro-batch through this rank's stages, with no communication:
-    the busy time from which the bubble is measured."""
-    mb_inputs, mb_targets = inputs.chunk(n_microbatches)[0], targets.chunk(n_microbatches)[0]
-    dim = modules[0].config.dim
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for module, stage in zip(modules, ids):
-            x = mb_inputs if stage == 0 else torch.randn(*mb_inputs.shape, dim, device=mb_inputs.device,
-                                                         requires_grad=True)
-            out = module(x)
-            loss = loss_fn(out, mb_targets) if stage == num_stages - 1 else out.float().pow(2).mean()
-            loss.backward()
-        best = min(best, time.perf_counter() - start)
-    for module in modules:
-        module.zero_grad(set_to_none=True)
-    return best
+        def timed_loss(*args, **kwargs):
+            with self.busy.section():
+                return compute_loss(*args, **kwargs)
+        self.schedule._compute_loss = timed_loss
+
+    def _instrument(self, stage):
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"),
+                           ("W", "backward_weight_one_chunk")):
+            original = getattr(stage, name)
+
+            def timed(chunk, *args, _original=original, _kind=kind, _stage=stage.stage_index, **kwargs):
+                self.actions.append((_kind, _stage, chunk))
+                with self.busy.section():
+                    return _original(chunk, *args, **kwargs)
+            setattr(stage, name, timed)
+
+    def step(self, inputs, targets):
+        """One forward+backward of the whole batch; every rank gets the mean micro-batch loss."""
+        losses = []
+        args = (inputs,) if 0 in self.ids else ()
+        kwargs = {"target": targets, "losses": losses} if self.num_stages - 1 in self.ids else {}
+        self.schedule.step(*args, **kwargs)
+        # the loss exists on the last stage only: give every rank the same number to log
+        loss = torch.stack(losses).mean().detach().float() if losses else torch.zeros((), device=self.device)
+        dist.all_reduce(loss, group=self.group)
+        return loss
+
+    def take_stats(self) -> dict:
+        """This step's busy seconds (read after the step's synchronisation), peak micro-batches in
+        flight on this rank (forwarded, not yet backwarded, over all its stages) and the order."""
+        in_flight = peak = 0
+        for kind, _, _ in self.actions:
+            in_flight += {"F": 1, "B": -1}.get(kind, 0)
+            peak = max(peak, in_flight)
+        order = " ".join(f"{kind}{stage}.{chunk}" for kind, stage, chunk in self.actions)
+        self.actions = []
+        return {"busy_s": self.busy.take(), "peak_in_flight": peak, "order": order}
+
+    def idle_fraction_theory(self) -> float:
+        p, v, m = self.pp_size, self.virtual, self.microbatches
+        return (p - 1) / (v * m + p - 1)

@@ -10,88 +10,103 @@ Between them nothing is communicated; after the second, one all-reduce sums the 
 Attention: q/k/v are column-split (whole heads per rank), wo is row-split.
 SwiGLU: w1 and w3 column-split, w2 row-split.
 Embedding, norms and output stay replicated: every rank computes them identically.
+A split weight is a plain tensor here, so it carries where it was cut (`tp_shard_dim`): the
+checkpoint saves it at its place in the full weight (checkpoint.py), never as a copy of rank 0's part.
 """
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMM_SECONDS = [0.0]  # all-reduce time spent in this file, read by the training script
 
+class TensorParallelComm:
+    """The tensor-parallel group and, optionally, a SectionTimer that adds up the time spent in
+    its all-reduces (on the device clock: see timing.py). Passed to the layers explicitly."""
 
-def _all_reduce(x, group):
-    start = time.perf_counter()
-    x = x.contiguous()
-    dist.all_reduce(x, group=group)
-    COMM_SECONDS[0] += time.perf_counter() - start
-    return x
+    def __init__(self, group, timer=None):
+        self.group, self.timer = group, timer
+
+    def all_reduce(self, x):
+        x = x.contiguous()
+        if self.timer is None:
+            dist.all_reduce(x, group=self.group)
+        else:
+            with self.timer.section():
+                dist.all_reduce(x, group=self.group)
+        return x
 
 
 class CopyToTensorParallel(torch.autograd.Function):
     """f: the input goes to every rank as is; their input gradients are partial, so sum them."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, comm):
+        ctx.comm = comm
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad.clone(), ctx.group), None
+        return ctx.comm.all_reduce(grad.clone()), None
 
 
 class ReduceFromTensorParallel(torch.autograd.Function):
     """g: sum the partial outputs; the output gradient is already whole on every rank."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x.clone(), group)
+    def forward(ctx, x, comm):
+        return comm.all_reduce(x.clone())
 
     @staticmethod
     def backward(ctx, grad):
         return grad, None
 
 
+def _mark_split(weight, dim):
+    """This parameter holds a 1/tp part of the full weight, cut along `dim`: the grad norm sums it
+    over the group (tp_sharded) and the checkpoint saves it at its place in the full tensor."""
+    weight.tp_sharded = True
+    weight.tp_shard_dim = dim
+    return weight
+
+
 class ColumnParallelLinear(nn.Module):
     def __init__(self, linear: nn.Linear, rank: int, world: int):
         super().__init__()
-        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=0)[rank].clone())
-        self.weight.tp_sharded = True
+        self.weight = _mark_split(nn.Parameter(linear.weight.detach().chunk(world, dim=0)[rank].clone()), 0)
 
     def forward(self, x):
         return F.linear(x, self.weight)
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, rank: int, world: int, group):
+    def __init__(self, linear: nn.Linear, rank: int, world: int, comm: TensorParallelComm):
         super().__init__()
-        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=1)[rank].clone())
-        self.weight.tp_sharded = True
-        self.group = group
+        self.weight = _mark_split(nn.Parameter(linear.weight.detach().chunk(world, dim=1)[rank].clone()), 1)
+        self.comm = comm
 
     def forward(self, x):
-        return ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
+        return ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.comm)
 
 
-def _copy_input_hook(group):
+def _copy_input_hook(comm):
     # One f per sub-layer (not one per column linear): q, k and v share one backward all-reduce.
     def hook(module, args):
-        return (CopyToTensorParallel.apply(args[0], group),) + tuple(args[1:])
+        return (CopyToTensorParallel.apply(args[0], comm),) + tuple(args[1:])
     return hook
 
 
-def parallelize_tp_scratch(model, group):
+def parallelize_tp_scratch(model, group, timer=None):
+    """Split every block's linears over `group`; `timer` (a SectionTimer) times the all-reduces."""
+    comm = TensorParallelComm(group, timer)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     for block in model.layers.values():
         attention, mlp = block.attention, block.feed_forward
         for name in ("wq", "wk", "wv"):
             setattr(attention, name, ColumnParallelLinear(getattr(attention, name), rank, world))
-        attention.wo = RowParallelLinear(attention.wo, rank, world, group)
+        attention.wo = RowParallelLinear(attention.wo, rank, world, comm)
         for name in ("w1", "w3"):
             setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), rank, world))
-        mlp.w2 = RowParallelLinear(mlp.w2, rank, world, group)
-        attention.register_forward_pre_hook(_copy_input_hook(group))
-        mlp.register_forward_pre_hook(_copy_input_hook(group))
+        mlp.w2 = RowParallelLinear(mlp.w2, rank, world, comm)
+        attention.register_forward_pre_hook(_copy_input_hook(comm))
+        mlp.register_forward_pre_hook(_copy_input_hook(comm))
     return model

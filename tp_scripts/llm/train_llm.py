@@ -6,22 +6,28 @@
     torchrun --nproc_per_node=2 train_llm.py --mode pp --pp-schedule 1f1b --microbatches 4
     torchrun --nproc_per_node=2 train_llm.py --mode tp-scratch        # or tp (DTensor), --sequence-parallel
     torchrun --nproc_per_node=4 train_llm.py --mode fsdp-tp --tp 2    # 2-D mesh: 2 (FSDP) x 2 (TP)
+    torchrun --nproc_per_node=2 train_llm.py --mode cp                # the sequence split over 2 ranks
     srun --ntasks=2 python train_llm.py --mode fsdp                  # rank from SLURM_PROCID
 
-Modes: single, ddp, fsdp, pp, tp-scratch, tp, fsdp-tp, cp. Exit codes: 0 done (or cleanly
-skipped), 2 bad arguments, 3 out of memory (recorded as status "oom").
+Modes: single, ddp, fsdp, pp, tp-scratch, tp, fsdp-tp, cp; every one of them can save a checkpoint
+(--checkpoint-dir) and resume from one saved by any other (--resume): DCP reshards.
+Exit codes: 0 done (or cleanly skipped), 1 failed, 2 bad arguments, 3 out of memory on this rank
+(recorded as status "oom"), 4 stopped because another rank failed (status "aborted", with its cause).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from dlokit import rank as dlorank
 from dlokit.measure import EnergyMeter, StepTimer, peak_gpu_memory_mb, peak_rss_mb
@@ -29,11 +35,15 @@ from dlokit.runrecord import RunRecorder, shared_run_id
 
 from checkpoint import load_checkpoint, save_checkpoint
 from data import TokenBatches
+from failures import EXIT_FAILED, EXIT_OOM, FailureWatch, exit_now
 from grad_norm import global_grad_norm
-from mfu import mfu, peak_flops
+from mfu import arithmetic, mfu, peak_flops, tf32_enabled
 from model import Llama, count_params, flops_per_token, get_config, loss_fn
+from parallel_cp import probe_context_parallel
+from parallelize import FSDP_MODES, make_mesh, parallelize
 
 MODES = ("single", "ddp", "fsdp", "pp", "tp-scratch", "tp", "fsdp-tp", "cp")
+INJECT_OOM = "DLOKIT_INJECT_OOM"  # "RANK:STEP": raise an out-of-memory error there (tests)
 
 
 class ArgumentsError(ValueError):
@@ -53,15 +63,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="compute dtype: FSDP's param_dtype, autocast elsewhere; weights stay fp32")
+    p.add_argument("--tf32", action="store_true", help="fp32 matmuls on TF32 tensor cores (CUDA)")
     p.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="FSDP gradient reduction dtype")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP: keep sharded params/grads/optimizer on the host")
     p.add_argument("--no-reshard-after-forward", action="store_true", help="FSDP: keep gathered weights for backward")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--meta-init", action="store_true",
-                   help="build on the meta device and allocate after sharding (big configs under FSDP)")
+                   help="FSDP modes: build on the meta device, allocate each rank's shards only (big configs)")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree of fsdp-tp")
     p.add_argument("--sequence-parallel", action="store_true", help="tp/fsdp-tp: split norms' activations by sequence")
+    p.add_argument("--cp-attention", choices=("allgather", "torch"), default="allgather",
+                   help="cp: all-gather the keys/values (any device) or PyTorch's ring attention (CUDA)")
     p.add_argument("--pp-schedule", choices=("naive", "gpipe", "1f1b", "interleaved"), default="gpipe")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--pp-virtual", type=int, default=2, help="stages per rank of the interleaved schedule")
@@ -100,15 +113,25 @@ def plan_degrees(args, config, world: int) -> dict:
             raise ArgumentsError("pipeline stages cannot share the tied embedding/output weight; use an untied config")
         if args.batch_size % microbatches:
             raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by --microbatches {microbatches}")
-        if args.checkpoint_dir:
-            raise ArgumentsError("checkpointing is not wired for --mode pp in this script")
     if cp > 1 and args.seq_len % (2 * cp):
-        raise ArgumentsError(f"--seq-len {args.seq_len} must divide by 2 x cp = {2 * cp} (load-balanced ring attention)")
+        raise ArgumentsError(f"--seq-len {args.seq_len} must divide by 2 x cp = {2 * cp} (load-balanced chunks)")
+    if args.meta_init and args.mode not in FSDP_MODES:
+        raise ArgumentsError(f"--meta-init allocates each rank's FSDP shards: use it with {', '.join(FSDP_MODES)}")
+    if args.cpu_offload and args.mode not in FSDP_MODES:
+        raise ArgumentsError(f"--cpu-offload is FSDP's: use it with {', '.join(FSDP_MODES)}")
     if args.batch_size % dp:
         raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by the data-parallel degree {dp}")
     if args.resume and not args.checkpoint_dir:
         raise ArgumentsError("--resume needs --checkpoint-dir")
     return {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
+
+
+def process_group_backend(args, cuda: bool) -> str | None:
+    """None: the default (nccl on GPU, gloo on CPU). FSDP's CPU offload keeps gradients on the host,
+    and the gradient norm reduces them there: that needs gloo beside nccl."""
+    if cuda and args.cpu_offload:
+        return "cpu:gloo,cuda:nccl"
+    return None
 
 
 def build_model(config, device, meta: bool):
@@ -126,19 +149,30 @@ def main(argv=None) -> int:
         print(f"train_llm.py: error: {error}", file=sys.stderr, flush=True)
         return 2
 
-    device = dlorank.init_process_group()
+    device = dlorank.init_process_group(backend=process_group_backend(args, torch.cuda.is_available()))
+    if args.tf32:
+        torch.set_float32_matmul_precision("high")
     run_id = shared_run_id()
     torch.manual_seed(args.seed)
     n_params = count_params(config)
     config_record = {**vars(args), **degrees, "world_size": env.world_size, "n_params": n_params,
-                     "flops_per_token": flops_per_token(config, args.seq_len), "model": config.__dict__}
+                     "flops_per_token": flops_per_token(config, args.seq_len), "model": config.__dict__,
+                     "process_group_backend": dist.get_backend() if dist.is_initialized() else None}
     recorder = RunRecorder(config_record, rank=env.rank, world_size=env.world_size, run_id=run_id,
                            runs_dir=args.runs_dir, script="train_llm.py", device=device)
     if env.is_main:
         print(f"[train_llm] mode={args.mode} config={args.config} ({n_params / 1e6:.2f} M params) "
               f"degrees={degrees} run={run_id}", flush=True)
+
+    def stopped_by_peer(cause):
+        print(f"[train_llm] rank {env.rank}: stopping, {cause}", file=sys.stderr, flush=True)
+        recorder.finish(status="aborted", error=f"stopped because {cause}")
+
+    watch = FailureWatch(env.rank, env.world_size, stopped_by_peer).start()
     try:
         status = train(args, config, degrees, env, device, recorder)
+        if dist.is_initialized():
+            dist.barrier()  # every rank is done; a failure before this point is still watched
     except torch.OutOfMemoryError as error:
         message = str(error).splitlines()[0]
         print(f"[train_llm] rank {env.rank}: OUT OF MEMORY in mode {args.mode} with config {args.config}: "
@@ -146,27 +180,27 @@ def main(argv=None) -> int:
         recorder.log("event", event="oom", error=message)
         recorder.finish(status="oom", error=message, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
                         host_rss_peak_mb=peak_rss_mb())
-        return 3
-    except BaseException as error:
+        watch.announce(f"ran out of memory: {message}")
+        exit_now(EXIT_OOM)
+    except Exception as error:
+        cause = watch.peer_failure()  # this rank's collective may have failed because a peer died
+        if cause:
+            watch.stop_for_peer(cause)
+        traceback.print_exc()
         recorder.finish(status="failed", error=f"{type(error).__name__}: {error}")
-        raise
+        watch.announce(f"failed: {type(error).__name__}: {error}")
+        exit_now(EXIT_FAILED)
+    watch.stop()
+    if dist.is_initialized():
+        dist.barrier()  # every watcher has stopped before any rank leaves (rank 0 may host the store)
     dlorank.destroy_process_group()
     return status
 
 
 def train(args, config, degrees, env, device, recorder) -> int:
-    from torch.distributed.device_mesh import init_device_mesh
-
     mode = args.mode
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    mesh = None
-    if mode in ("fsdp", "tp", "tp-scratch", "pp", "cp"):
-        mesh = init_device_mesh(device.type, (env.world_size,), mesh_dim_names=({"fsdp": "dp", "tp-scratch": "tp"}.get(mode, mode),))
-    elif mode == "fsdp-tp":
-        mesh = init_device_mesh(device.type, (degrees["dp"], degrees["tp"]), mesh_dim_names=("dp", "tp"))
-
-    if mode == "cp":
-        from parallel_cp import probe_context_parallel
+    mesh = make_mesh(mode, degrees, device)
+    if mode == "cp" and args.cp_attention == "torch":
         works, reason = probe_context_parallel(mesh, device)
         if not works:
             if env.is_main:
@@ -175,101 +209,58 @@ def train(args, config, degrees, env, device, recorder) -> int:
             recorder.finish(status="skipped", reason=reason)
             return 0
 
-    # ---- the model, then the parallelism applied from outside ----
-    meta = args.meta_init and mode in ("fsdp", "fsdp-tp", "cp")
-    model = build_model(config, device, meta)
-    modules = [model]        # what the optimizer and the grad norm see
-    tp_group = pp_group = None
-    dp_group = None           # over which the logged loss is averaged
-    pipeline = None
-
-    def speedups(module):
-        from parallel_fsdp import apply_activation_checkpointing, apply_compile
-        if args.activation_checkpointing:
-            apply_activation_checkpointing(module)
-        if args.compile:
-            apply_compile(module)
-
-    if mode == "tp-scratch":
-        from parallel_tp_scratch import parallelize_tp_scratch
-        tp_group = mesh.get_group()
-        parallelize_tp_scratch(model, tp_group)
-    if mode in ("tp", "fsdp-tp"):
-        from parallel_tp_dtensor import parallelize_tp
-        parallelize_tp(model, mesh["tp"], sequence_parallel=args.sequence_parallel)
-    if mode != "pp":
-        speedups(model)
-    if mode == "ddp":
-        from parallel_ddp import parallelize_ddp
-        model = parallelize_ddp(model, device)
-        modules, dp_group = [model], dist.group.WORLD
-    if mode in ("fsdp", "fsdp-tp", "cp"):
-        from parallel_fsdp import parallelize_fsdp
-        dp_mesh = mesh["cp" if mode == "cp" else "dp"]
-        parallelize_fsdp(model, dp_mesh, param_dtype=args.dtype, reduce_dtype=args.reduce_dtype,
-                         cpu_offload=args.cpu_offload, reshard_after_forward=not args.no_reshard_after_forward)
-        dp_group = dp_mesh.get_group()
-    if meta:
-        model.to_empty(device="cpu" if args.cpu_offload else device)
-        model.init_weights(buffer_device=device)
-    if mode == "pp":
-        from parallel_pp import build_pipeline
-        pp_group = mesh.get_group()
-        virtual = args.pp_virtual if args.pp_schedule == "interleaved" else 1
-        microbatches = 1 if args.pp_schedule == "naive" else args.microbatches
-        schedule, modules, stage_ids = build_pipeline(model, args.pp_schedule, microbatches, env.rank,
-                                                      env.world_size, virtual, device, pp_group)
-        for module in modules:
-            speedups(module)
-        pipeline = (schedule, stage_ids, env.world_size * virtual, microbatches)
-        del model
-
-    params = [p for m in modules for p in m.parameters()]
+    model = build_model(config, device, meta=args.meta_init)
+    parallel = parallelize(model, mode, mesh, args, device)
+    params = [p for m in parallel.modules for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
     start_step = 0
     if args.resume and (Path(args.checkpoint_dir) / ".metadata").exists():
-        start_step = load_checkpoint(args.checkpoint_dir, modules[0], optimizer)
+        start_step = load_checkpoint(args.checkpoint_dir, parallel.checkpoint_module, optimizer, parallel.split_mesh)
         recorder.log("event", event="resumed", step=start_step, checkpoint_dir=args.checkpoint_dir)
 
-    # FSDP handles the dtype itself; the other modes compute under autocast.
+    # FSDP computes in --dtype itself (param_dtype); the other modes compute under autocast.
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     autocast = (torch.autocast(device.type, dtype=dtype)
-                if dtype != torch.float32 and mode not in ("fsdp", "fsdp-tp", "cp") else nullcontext())
-    dp_rank = dist.get_rank(dp_group) if dp_group is not None else 0
+                if dtype != torch.float32 and not parallel.fsdp_casts else nullcontext())
     data = TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed)
     tokens_per_step = args.batch_size * args.seq_len
     fpt = flops_per_token(config, args.seq_len)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    peak, peak_basis = peak_flops(device, arithmetic(args.dtype, tf32_enabled()))
+    if env.is_main and peak is None:
+        print(f"[train_llm] MFU not computed: {peak_basis}", flush=True)
     timer, energy = StepTimer(device), EnergyMeter(device)
+    inject_oom = os.environ.get(INJECT_OOM, "")
     history, first_loss, last_loss = [], None, None
-    cp_mesh = mesh if mode == "cp" else None
 
     for step in range(start_step, args.steps):
-        comm_before = _tp_comm_seconds()
         timer.start()
-        inputs, targets = data.local_batch(step, dp_rank, degrees["dp"])
+        inputs, targets = data.local_batch(step, parallel.data_rank, parallel.data_size)
         timer.split("data")
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         timer.split("h2d")
-        if pipeline is not None:
-            from parallel_pp import pipeline_step
-            schedule, stage_ids, num_stages, _ = pipeline
+        if inject_oom == f"{env.rank}:{step + 1}":
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM} at step {step + 1})")
+        if parallel.pipeline is not None:
             with autocast:
-                loss = pipeline_step(schedule, stage_ids, num_stages, inputs, targets)
+                loss = parallel.pipeline.step(inputs, targets)
             timer.split("fwd_bwd")
-            loss = _share_from_last_stage(loss, num_stages - 1 in stage_ids, device, pp_group)
         else:
-            with _cp_region(modules[0], cp_mesh, inputs, targets), autocast:
-                loss = loss_fn(modules[0](inputs), targets)
+            with parallel.context(inputs, targets), autocast:
+                model_args, model_kwargs, local_targets = parallel.prepare(inputs, targets)
+                loss = loss_fn(parallel.modules[0](*model_args, **model_kwargs), local_targets)
                 timer.split("forward")
                 loss.backward()
             timer.split("backward")
             loss = loss.detach()
-        norm = global_grad_norm(modules, device, tp_group, pp_group) if args.grad_norm else None
+        norm = (global_grad_norm(parallel.modules, device, parallel.tp_group, parallel.pp_group)
+                if args.grad_norm else None)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        timer.split("optimizer")
+        timer.split("optimizer")  # on CUDA: after a synchronisation, so the section timers can be read
 
-        if dp_group is not None:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dp_group)
+        if parallel.loss_group is not None:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=parallel.loss_group)
         loss_value = loss.item()
         first_loss = loss_value if first_loss is None else first_loss
         last_loss = loss_value
@@ -283,10 +274,14 @@ def train(args, config, degrees, env, device, recorder) -> int:
             "t_fwd_bwd": splits.get("fwd_bwd"), "t_optimizer": splits["optimizer"], "t_step": t_step,
             "throughput_train": args.batch_size / t_total, "throughput_compute": args.batch_size / t_step,
             "tokens_per_s": tokens_per_step / t_total,
-            "mfu": mfu(tokens_per_step / t_total, fpt, dist.get_world_size() if dist.is_initialized() else 1, device),
-            "comm_s": (_tp_comm_seconds() - comm_before) if mode == "tp-scratch" else None,
+            "mfu": mfu(tokens_per_step / t_total, fpt, world, peak),
+            "comm_s": parallel.comm.take() if parallel.comm is not None else None,
             "grad_norm": norm, "gpu_mem_mb": peak_gpu_memory_mb(device),
         }
+        if parallel.pipeline is not None:
+            stats = parallel.pipeline.take_stats()
+            fields.update(pp_busy_s=stats["busy_s"], pp_peak_in_flight=stats["peak_in_flight"],
+                          pp_idle_fraction=1 - stats["busy_s"] / splits["fwd_bwd"], pp_order=stats["order"])
         energy.sample_power()
         recorder.log("step", **fields)
         history.append(fields)
@@ -297,47 +292,30 @@ def train(args, config, degrees, env, device, recorder) -> int:
             raise FloatingPointError(f"loss is {loss_value} at step {step + 1}")
 
     if args.checkpoint_dir:
-        save_checkpoint(args.checkpoint_dir, modules[0], optimizer, args.steps)
+        save_checkpoint(args.checkpoint_dir, parallel.checkpoint_module, optimizer, args.steps, parallel.split_mesh)
         recorder.log("event", event="checkpoint_saved", step=args.steps, checkpoint_dir=args.checkpoint_dir)
 
-    summary = _summarise(history, args.warmup, fpt, device)
-    summary.update(first_loss=first_loss, last_loss=last_loss, n_params=count_params(config),
-                   params_bytes_this_rank=_local_param_bytes(modules), energy_j=energy.energy_j(),
+    summary = _summarise(history, args.warmup)
+    summary.update(first_loss=first_loss, last_loss=last_loss, n_params=count_params(config), flops_per_token=fpt,
+                   params_bytes_this_rank=_local_param_bytes(parallel.modules), energy_j=energy.energy_j(),
                    peak_power_w=energy.peak_power_w, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
-                   host_rss_peak_mb=peak_rss_mb(), peak_flops=peak_flops(device))
-    if pipeline is not None:
-        summary.update(_measure_bubble(pipeline, modules, data, degrees, summary.get("t_fwd_bwd"), device))
+                   host_rss_peak_mb=peak_rss_mb(), peak_flops=peak, mfu_basis=peak_basis,
+                   mfu=mfu(summary.get("tokens_per_s"), fpt, world, peak))
+    if parallel.pipeline is not None:  # a collective: every rank calls it
+        summary.update(_pipeline_summary(parallel.pipeline, history, args.warmup, device))
     if mode == "ddp":
         summary["comm_probe_s"] = _time_gradient_all_reduce(params, device)
     recorder.finish(**summary)
-    if env.is_main:
+    if env.is_main and history:
         print(f"[train_llm] done: loss {first_loss:.4f} -> {last_loss:.4f}, "
               f"tokens/s {summary.get('tokens_per_s') or 0:,.0f}, mfu {summary.get('mfu')}", flush=True)
+    elif env.is_main:
+        print(f"[train_llm] nothing to do: the checkpoint is at step {start_step} >= --steps {args.steps}", flush=True)
     return 0
-
-
-def _tp_comm_seconds() -> float:
-    module = sys.modules.get("parallel_tp_scratch")
-    return module.COMM_SECONDS[0] if module else 0.0
-
-
-def _cp_region(model, cp_mesh, inputs, targets):
-    if cp_mesh is None:
-        return nullcontext()
-    from parallel_cp import context_parallel_region
-    return context_parallel_region(model, cp_mesh, inputs, targets)
-
-
-def _share_from_last_stage(loss, is_last, device, pp_group):
-    """The loss exists on the last stage only; give every rank the same number to log."""
-    value = loss.float() if is_last else torch.zeros((), device=device)
-    dist.all_reduce(value, group=pp_group)
-    return value
 
 
 def _local_param_bytes(modules) -> int:
     """Bytes of parameters this rank really holds (a DTensor counts its local shard only)."""
-    from torch.distributed.tensor import DTensor
     total = 0
     for module in modules:
         for p in module.parameters():
@@ -346,36 +324,39 @@ def _local_param_bytes(modules) -> int:
     return total
 
 
-def _summarise(history, warmup, fpt, device) -> dict:
-    measured = history[warmup:] or history
+def _measured(history, warmup):
+    return history[warmup:] or history
+
+
+def _summarise(history, warmup) -> dict:
+    measured = _measured(history, warmup)
     if not measured:
         return {"steps": 0}
     mean = lambda key: (sum(h[key] for h in measured) / len(measured)) if measured[0].get(key) is not None else None
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    tokens_per_s = mean("tokens_per_s")
     return {
         "steps": history[-1]["step"], "epochs": 0, "first_step_load_s": history[0]["t_data"],
         **{key: mean(key) for key in ("t_data", "t_h2d", "t_forward", "t_backward", "t_fwd_bwd", "t_optimizer",
-                                      "t_step", "throughput_train", "throughput_compute", "comm_s")},
-        "tokens_per_s": tokens_per_s, "mfu": mfu(tokens_per_s, fpt, world, device), "flops_per_token": fpt,
+                                      "t_step", "throughput_train", "throughput_compute", "comm_s", "tokens_per_s")},
     }
 
 
-def _measure_bubble(pipeline, modules, data, degrees, t_step, device) -> dict:
-    from parallel_pp import microbatch_compute_seconds
-    schedule, stage_ids, num_stages, microbatches = pipeline
-    inputs, targets = data.local_batch(0, 0, 1)
-    busy = microbatches * microbatch_compute_seconds(modules, stage_ids, num_stages, inputs.to(device),
-                                                     targets.to(device), microbatches)
-    slowest = torch.tensor(busy, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the pipeline runs at its slowest stage's pace
-    virtual = num_stages // degrees["pp"]
+def _pipeline_summary(pipeline, history, warmup, device) -> dict:
+    """Idle fraction measured in the run's own steps: 1 - (time this rank computed) / (step time).
+    Every rank idles; the pipeline's figure is the least idle (busiest) rank's."""
+    measured = _measured(history, warmup)
+    if not measured:
+        return {}
+    idle = sum(h["pp_idle_fraction"] for h in measured) / len(measured)
+    least_idle = torch.tensor(idle, device=device)
+    dist.all_reduce(least_idle, op=dist.ReduceOp.MIN)
     return {
-        "pp_microbatches": microbatches, "pp_virtual_stages": virtual,
-        "pp_busy_s": slowest.item(),
-        # measured idle time over busy time, to compare with the textbook (p - 1) / (v m)
-        "pp_bubble_measured": (t_step / slowest.item() - 1) if t_step else None,
-        "pp_bubble_theory": (degrees["pp"] - 1) / (virtual * microbatches),
+        "pp_microbatches": pipeline.microbatches, "pp_virtual_stages": pipeline.virtual,
+        "pp_busy_s": sum(h["pp_busy_s"] for h in measured) / len(measured),
+        "pp_idle_fraction_this_rank": idle,
+        "pp_idle_fraction_measured": least_idle.item(),
+        "pp_idle_fraction_theory": pipeline.idle_fraction_theory(),  # (p - 1) / (v m + p - 1)
+        "pp_peak_in_flight": max(h["pp_peak_in_flight"] for h in history),
+        "pp_order": history[-1]["pp_order"],
     }
 
 
@@ -396,4 +377,10 @@ def _time_gradient_all_reduce(params, device, repeats=3) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without the interpreter's teardown. The process group outlives destroy_process_group()
+    # (the device mesh and FSDP still reference it), so its gloo worker threads are alive while Python
+    # finalises; one of them dropping the last reference to a finished collective's tensors then needs
+    # the GIL, Python ends that thread with a forced unwind through a noexcept destructor, and the
+    # process dies of std::terminate ("terminate called without an active exception", SIGABRT) after
+    # a run that had completed. Everything is written and flushed by now.
+    exit_now(main())

@@ -68,9 +68,14 @@ def main(argv=None) -> int:
         return fail(env.rank, str(error))
     if args.compile:  # after loading the weights into the plain model
         t.model = torch.compile(t.model)
-    ins = open_records(t, env.source, start)
+    ins = open_records(t, env.source, start)  # from here on, a cancelled job is recorded as "cancelled"
     t.phase, t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
-    train(t, ins, start)
+    try:
+        train(t, ins, start)
+    except (torch.OutOfMemoryError, MemoryError) as error:  # recorded, and every other rank stops too: exit 3
+        return ins.out_of_memory(error, batch_size=args.batch_size)
+    except Exception as error:  # a collective broke because another rank stopped: record its cause, not ours
+        return ins.stopped_by_other_rank(error)
     report(t, ins, start)
     job.destroy_process_group()
     return 0
@@ -144,12 +149,16 @@ def set_tf32(enabled: bool) -> None:
     PyTorch lets cuDNN convolutions use TF32 by default: turn it off explicitly so that the fp32
     baseline is really fp32.
     """
-    if hasattr(torch.backends.cudnn, "conv"):  # torch >= 2.9
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if enabled else "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    # The legacy flags first: they also set the new per-operation ones to match. Setting only the new ones
+    # leaves the legacy flags, which torch.compile and libraries still read, raising "mix of the legacy and
+    # new APIs" (torch >= 2.9).
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    if hasattr(torch.backends.cudnn, "conv"):  # torch >= 2.9: the new API, explicitly
+        precision = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        torch.backends.cudnn.conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
 
 
 def build_data(args, rank: int, world_size: int, device) -> Data:
@@ -219,10 +228,10 @@ def build_model(args, num_classes: int, device, world_size: int):
 
 def parallelize(model: nn.Module, args, device, world_size: int) -> nn.Module:
     """Data parallelism sits beside the model: wrap it, leave its code alone."""
+    if args.sync_bn:  # asked for: converted even on one GPU (statistics of one rank are the global ones)
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if world_size == 1:
         return model
-    if args.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     knobs = dict(find_unused_parameters=args.find_unused_parameters, static_graph=args.static_graph,
                  gradient_as_bucket_view=args.gradient_as_bucket_view)
     if args.bucket_cap_mb is not None:  # otherwise DDP's own default

@@ -17,16 +17,23 @@ def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def _plot_splits(ax, steps):
-    x = _column(steps, "step") if "step" in steps else np.arange(len(steps))
-    extra = sorted(c for c in steps if c.startswith("t_") and c not in SPLIT_ORDER and c != "t_step")
-    present = [s for s in (*SPLIT_ORDER, *extra) if s in steps]
     ax.set(title="step time split", xlabel="step", ylabel="seconds")
+    # GPU runs split only their breakdown steps; the other lines hold t_data and t_step alone: phases unknown, not 0
+    split = steps[steps["breakdown"].fillna(True).astype(bool)] if "breakdown" in steps else steps
+    extra = sorted(c for c in split if c.startswith("t_") and c not in SPLIT_ORDER and c not in ("t_step", "t_period"))
+    present = [s for s in (*SPLIT_ORDER, *extra) if s in split and split[s].notna().any()]
     if not present:
         ax.text(0.5, 0.5, "no timing splits", ha="center", va="center", transform=ax.transAxes)
         return
-    series = [_column(steps, s) for s in present]
+    x = _column(split, "step") if "step" in split else np.arange(len(split))
+    series = [_column(split, s) for s in present]  # inside a split step an absent phase (t_metrics) is 0
     ax.stackplot(x, *series, labels=[s[2:] for s in present])
     total = np.sum(series, axis=0)
+    if len(split) < len(steps) and "t_step" in steps:
+        x_all = _column(steps, "step") if "step" in steps else np.arange(len(steps))
+        whole = _column(steps, "t_data") + _column(steps, "t_step")
+        ax.plot(x_all, whole, color="black", linewidth=0.8, label="whole step (data + step)")
+        total = np.concatenate([total, whole])
     typical = float(np.median(total)) if len(total) else 0.0
     if typical > 0 and total.max() > 3 * typical:
         ax.set_ylim(0, 1.5 * float(np.quantile(total, 0.9)))

@@ -76,9 +76,19 @@ def _peak(run: Run, key: str, step_key: str | None = None):
 
 
 def _energy(run: Run):
-    values = [as_number(s.get("energy_j")) for s in run.summaries]
-    values = [v for v in values if v is not None]
-    return sum(values) if values else None
+    """NVML's counter is a whole GPU's: ranks naming the same gpu_uuid count once (largest reading);
+    readings without a uuid (older records) add up per rank."""
+    per_gpu, total, found = {}, 0.0, False
+    for summary in run.summaries:
+        value = as_number(summary.get("energy_j"))
+        if value is None:
+            continue
+        found, uuid = True, summary.get("gpu_uuid")
+        if isinstance(uuid, str) and uuid:
+            per_gpu[uuid] = max(per_gpu.get(uuid, 0.0), value)
+        else:
+            total += value
+    return total + sum(per_gpu.values()) if found else None
 
 
 def _val_acc(run: Run, key: str):

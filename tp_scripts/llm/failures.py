@@ -1,0 +1,143 @@
+"""When one rank fails, every rank stops promptly and its run record says why.
+
+A rank that runs out of memory leaves the others blocked in their next collective: NCCL waits for
+its timeout (10 minutes by default) and, under srun, nothing kills the other tasks. So:
+
+- the failing rank writes its cause into the job's key-value store (the TCPStore every rank joined
+  when the process group started), aborts its NCCL communicators, waits a moment for the other ranks
+  to acknowledge, and exits (code 3 for out of memory, 1 otherwise);
+- every rank runs a small watcher thread that polls that key; when it appears the rank records
+  "aborted: rank R ran out of memory: ..." and exits at once (code 4), even from inside a collective.
+  A rank whose collective fails first (gloo notices a closed connection at once) reads the same key.
+
+At the normal end every rank stops its watcher before the final barrier, so a rank that finishes
+first and takes the store with it (rank 0 hosts it outside torchrun) is never mistaken for a failure.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+# the first failing rank's cause; how many ranks failed; how many stopped (failed or not) and have
+# recorded why; the failing ranks have seen every acknowledgement; how many stopped ranks have left
+KEY, FAILED, ACK, DONE, LEFT = (f"train_llm/failure_{name}" for name in ("cause", "count", "ack", "done", "left"))
+EXIT_FAILED, EXIT_OOM, EXIT_PEER_FAILED = 1, 3, 4
+
+
+def _default_store():
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        return _get_default_store()
+    except Exception:  # no process group, or a torch without it: no watcher
+        return None
+
+
+class FailureWatch:
+    def __init__(self, rank: int, world_size: int, on_peer_failure, poll_s: float = 0.2, grace_s: float = 10.0):
+        """on_peer_failure(cause): called once, on the rank that stops because another one failed."""
+        self.rank, self.world_size, self.on_peer_failure = rank, world_size, on_peer_failure
+        self.poll_s, self.grace_s = poll_s, grace_s
+        self.store = _default_store() if world_size > 1 and dist.is_initialized() else None
+        self._stop = threading.Event()
+        self._failing = False
+        self._thread = None
+
+    def start(self) -> "FailureWatch":
+        if self.store is not None:
+            self._thread = threading.Thread(target=self._watch, name="train_llm-failure-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The run ended normally: stop watching (before the final barrier)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self):
+        while not self._stop.wait(self.poll_s):
+            try:
+                failed = self.store.check([KEY])
+                cause = self.store.get(KEY).decode() if failed else None
+            except Exception as error:
+                if self._stop.is_set():
+                    return
+                cause = f"lost the job's store ({type(error).__name__}): the rank hosting it has died"
+            if cause and not self._failing and not self._stop.is_set():
+                self.stop_for_peer(cause)
+
+    def peer_failure(self) -> str | None:
+        """The cause another rank announced, if any: asked when this rank's own collective failed."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.get(KEY).decode() if self.store.check([KEY]) else None
+        except Exception:
+            return None
+
+    def stop_for_peer(self, cause: str) -> None:
+        """Record another rank's failure as the reason this rank stops, acknowledge, exit now."""
+        try:
+            self.on_peer_failure(cause)
+        finally:
+            try:
+                self.store.add(ACK, 1)
+                # this rank may host the store (rank 0 outside torchrun): leave only once the failing
+                # rank has seen every acknowledgement, so that it never talks to a store that is gone
+                _wait_until(lambda: self.store.check([DONE]), self.grace_s + 2.0)
+                self.store.add(LEFT, 1)
+            except Exception:
+                pass
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_PEER_FAILED)
+
+    def announce(self, cause: str) -> None:
+        """This rank failed: tell the others, abort its communicators, wait (at most grace_s) until
+        every rank has acknowledged."""
+        self._failing = True
+        if self.store is None:
+            return
+        try:
+            self.store.compare_set(KEY, "", f"rank {self.rank} {cause}")  # the first cause wins
+            _abort_nccl()
+            self.store.add(FAILED, 1)
+            self.store.add(ACK, 1)
+            _wait_until(lambda: self.store.add(ACK, 0) >= self.world_size, self.grace_s)
+            self.store.set(DONE, "1")
+            if self.rank == 0:  # it may host the store: stay until the others have stopped using it
+                _wait_until(lambda: self.store.add(LEFT, 0) >= self.world_size - self.store.add(FAILED, 0), 2.0)
+        except Exception:  # the store is gone (its host died): nobody left to tell
+            pass
+
+
+def _wait_until(condition, timeout_s: float, poll_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+
+
+def _abort_nccl():
+    """Abort NCCL communicators so no kernel waits for a peer that will never come (NCCL only)."""
+    try:
+        backend = str(dist.get_backend())
+    except Exception:
+        return
+    if "nccl" not in backend:
+        return
+    try:
+        from torch.distributed.distributed_c10d import _abort_process_group
+        _abort_process_group()
+    except Exception as error:
+        print(f"[train_llm] could not abort the NCCL communicators: {error}", file=sys.stderr, flush=True)
+
+
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown (which could wait on a process group)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
