@@ -6,7 +6,8 @@
 The GPU path has not been run on a GPU yet (none was available when it was written): it only
 composes options that the CPU tests exercise, plus --compile and bf16 on CUDA.
 Each row is one launch of train_llm.py; the numbers come from its run record (rank 0 summary,
-warm-up steps excluded). A run that runs out of memory shows as "OOM".
+warm-up steps excluded), its status from every rank's: a run where any rank ran out of memory
+shows as "OOM (rank r)".
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CPU_ROWS = [  # (label, processes, options)
     ("pp naive", 2, ["--mode", "pp", "--pp-schedule", "naive"]),
     ("pp gpipe m=4", 2, ["--mode", "pp", "--pp-schedule", "gpipe", "--microbatches", "4"]),
     ("pp 1f1b m=8", 2, ["--mode", "pp", "--pp-schedule", "1f1b", "--microbatches", "8"]),
+    ("cp (all-gather K/V)", 2, ["--mode", "cp"]),
 ]
 
 
@@ -61,12 +63,36 @@ def run_one(label, nproc, options, common, runs_dir, timeout):
     started = time.time()
     result = subprocess.run(launcher + [str(SCRIPT), *options, *common, "--runs-dir", str(runs_dir)],
                             env=env, capture_output=True, text=True, timeout=timeout)
-    summary_path = runs_dir / run_id / "rank0" / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    if result.returncode not in (0, 3):
-        summary.setdefault("status", f"failed rc={result.returncode}")
+    summary = read_run(runs_dir / run_id, nproc, result.returncode)
+    if summary["status"] not in ("completed", "skipped") and not summary["status"].startswith("OOM"):
         print(result.stderr[-2000:], file=sys.stderr)
     summary["wall_s"] = time.time() - started
+    return summary
+
+
+def read_run(folder: Path, nproc: int, returncode: int) -> dict:
+    """Rank 0's summary for the numbers, and a status from EVERY rank: an out-of-memory error on
+    rank 1 shows as "OOM (rank 1)", not as rank 0's "aborted" or the launcher's "failed rc=1"."""
+    summaries = {}
+    for rank in range(nproc):
+        path = folder / f"rank{rank}" / "summary.json"
+        summaries[rank] = json.loads(path.read_text()) if path.exists() else {}
+    summary = dict(summaries[0])
+    oom = [rank for rank, s in summaries.items() if s.get("status") == "oom"]
+    failed = [rank for rank, s in summaries.items() if s.get("status") == "failed"]
+    missing = [rank for rank, s in summaries.items() if not s]
+    if oom:
+        summary["status"] = f"OOM (rank {', '.join(map(str, oom))})"
+        summary["error"] = summaries[oom[0]].get("error")
+    elif failed:
+        summary["status"] = f"failed (rank {', '.join(map(str, failed))})"
+        summary["error"] = summaries[failed[0]].get("error")
+    elif missing:
+        summary["status"] = f"failed rc={returncode} (no record from rank {', '.join(map(str, missing))})"
+    elif returncode != 0:
+        summary["status"] = f"failed rc={returncode}"
+    else:
+        summary.setdefault("status", "?")
     return summary
 
 
@@ -101,22 +127,24 @@ def main():
         timeout = 300
     runs_dir = Path(args.runs_dir)
     print(f"train_llm.py {' '.join(common)}")
-    header = f"{'mode':<26}{'procs':>6}{'tokens/s':>12}{'MFU':>8}{'t_step ms':>11}{'mem MiB/rank':>14}{'comm ms':>9}{'bubble meas/theory':>20}  status"
+    header = f"{'mode':<26}{'procs':>6}{'tokens/s':>12}{'MFU':>8}{'t_step ms':>11}{'mem MiB/rank':>14}{'comm ms':>9}{'idle meas/theory':>20}  status"
     print(header)
     print("-" * len(header))
     for label, nproc, options in rows:
         s = run_one(label, nproc, options, common, runs_dir, timeout)
         memory = s.get("gpu_mem_peak_mb") or s.get("host_rss_peak_mb")
-        bubble = (f"{s['pp_bubble_measured']:.2f}/{s['pp_bubble_theory']:.2f}"
-                  if s.get("pp_bubble_measured") is not None else "-")
+        bubble = (f"{s['pp_idle_fraction_measured']:.2f}/{s['pp_idle_fraction_theory']:.2f}"
+                  if s.get("pp_idle_fraction_measured") is not None else "-")
         comm = s.get("comm_s") or s.get("comm_probe_s")
-        status = "OOM" if s.get("status") == "oom" else s.get("status", "?")
+        status = s.get("status", "?")
         print(f"{label:<26}{nproc:>6}{fmt(s.get('tokens_per_s'), ',.0f'):>12}"
               f"{fmt(s.get('mfu') and 100 * s['mfu'], '.1f'):>8}{fmt(s.get('t_step') and 1000 * s['t_step'], '.1f'):>11}"
               f"{fmt(memory, ',.0f'):>14}{fmt(comm and 1000 * comm, '.2f'):>9}{bubble:>20}  {status}", flush=True)
-    print("MFU: % of the GPU's dense bf16 peak (blank on CPU). mem: peak allocated GPU memory, or peak host RSS on "
-          "CPU. comm: tp-scratch's measured all-reduce time per step; for ddp, one all-reduce of all gradients "
-          "timed alone. bubble: (pipeline step time / (m x slowest stage's micro-batch compute)) - 1 vs (p-1)/(v m).")
+    print("MFU: % of the GPU's dense peak for the run's arithmetic (bf16, TF32 or fp32; blank on CPU or an unknown "
+          "GPU). mem: peak allocated GPU memory, or peak host RSS on CPU. comm: tp-scratch's all-reduce time per "
+          "step (device clock); for ddp, one all-reduce of all gradients timed alone. idle: the pipeline's idle "
+          "fraction of a step, measured (1 - compute time of the busiest rank / step time, in the run's own steps) "
+          "vs (p-1)/(v m + p-1).")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Day 4 without launches: argument checks, config arithmetic, the memory model against measurement."""
 import importlib
+import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,3 +117,178 @@ def test_memory_model_sharding_arithmetic():
     assert one_f_one_b.activations < gpipe.activations
     with pytest.raises(ValueError):
         estimate(config, batch_size=1, seq_len=8, zero=4)
+
+
+# ---- MFU: the peak of the run's arithmetic on that GPU model (fake device names) ----
+
+mfu_lib = importlib.import_module("mfu")
+
+
+@pytest.mark.parametrize("name, kind, peak", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12),      # SXM
+    ("NVIDIA H100 NVL", "bf16", 835.5e12),            # not the SXM figure
+    ("NVIDIA H100 PCIe", "bf16", 756e12),
+    ("NVIDIA H100 80GB HBM3", "fp32", 67e12),         # fp32 without TF32: CUDA cores
+    ("NVIDIA H100 80GB HBM3", "tf32", 494.5e12),
+    ("NVIDIA H200", "bf16", 989.5e12),
+    ("NVIDIA H200 NVL", "bf16", 835.5e12),
+    ("NVIDIA GH200 480GB", "bf16", 989.5e12),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+    ("NVIDIA A100-PCIE-40GB", "tf32", 156e12),
+    ("NVIDIA A100 80GB PCIe", "fp32", 19.5e12),
+    ("NVIDIA A10", "bf16", 125e12),                   # not matched as an A100
+    ("NVIDIA L40S", "bf16", 362.05e12),
+    ("NVIDIA L4", "bf16", 121e12),                    # not matched as an L40S
+    ("Tesla V100-SXM2-32GB", "fp32", 15.7e12),
+])
+def test_mfu_peak_by_gpu_model_and_arithmetic(name, kind, peak):
+    got, basis = mfu_lib.peak_for_name(name, kind)
+    assert got == peak, basis
+    assert kind in basis
+
+
+@pytest.mark.parametrize("name, kind", [("NVIDIA GeForce RTX 4090", "bf16"), ("Tesla V100-SXM2-32GB", "bf16"),
+                                        ("AMD Instinct MI300X", "bf16")])
+def test_mfu_unknown_peak_gives_no_mfu_and_says_why(name, kind):
+    peak, basis = mfu_lib.peak_for_name(name, kind)
+    assert peak is None and "no MFU" in basis
+    assert mfu_lib.mfu(1e5, 1e9, 8, peak) is None
+
+
+def test_mfu_reads_the_device_and_the_tf32_setting(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 NVL")
+    cuda = torch.device("cuda", 0)
+    assert mfu_lib.peak_flops(cuda, mfu_lib.arithmetic("bf16", tf32=False))[0] == 835.5e12
+    assert mfu_lib.peak_flops(cuda, mfu_lib.arithmetic("fp32", tf32=False))[0] == 60e12
+    assert mfu_lib.peak_flops(cuda, mfu_lib.arithmetic("fp32", tf32=True))[0] == 417.5e12
+    assert mfu_lib.peak_flops(torch.device("cpu"), "bf16") == (None, "no MFU on CPU (no reliable peak)")
+    # 1000 tokens/s x 1e9 FLOPs/token on 2 GPUs of 1e12 FLOP/s: 50 %
+    assert mfu_lib.mfu(1000, 1e9, 2, 1e12) == pytest.approx(0.5)
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert mfu_lib.tf32_enabled()
+        torch.set_float32_matmul_precision("highest")
+        assert not mfu_lib.tf32_enabled()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+# ---- process group, options, timers ----
+
+def test_cpu_offload_on_gpus_gets_gloo_beside_nccl():
+    offload = train_llm.parse_args(["--mode", "fsdp", "--cpu-offload"])
+    plain = train_llm.parse_args(["--mode", "fsdp"])
+    assert train_llm.process_group_backend(offload, cuda=True) == "cpu:gloo,cuda:nccl"
+    assert train_llm.process_group_backend(plain, cuda=True) is None       # nccl
+    assert train_llm.process_group_backend(offload, cuda=False) is None    # gloo
+
+
+@pytest.mark.parametrize("mode, extra, message", [
+    ("ddp", ["--meta-init"], "--meta-init allocates each rank's FSDP shards"),
+    ("tp-scratch", ["--cpu-offload"], "--cpu-offload is FSDP's"),
+    ("cp", ["--seq-len", "62"], "must divide by 2 x cp"),
+    ("tp-scratch", ["--compile"], "--compile cannot trace tp-scratch"),
+])
+def test_options_outside_their_modes_are_refused(mode, extra, message):
+    args = train_llm.parse_args(["--mode", mode, *extra])
+    config = model_lib.get_config(args.config, max_seq_len=args.seq_len)
+    with pytest.raises(train_llm.ArgumentsError, match=message):
+        train_llm.plan_degrees(args, config, 2)
+
+
+timing = importlib.import_module("timing")
+
+
+def test_section_timer_on_cpu_sums_host_time_and_resets():
+    timer = timing.SectionTimer(torch.device("cpu"))
+    with timer.section():
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    first = timer.take()
+    assert first > 0 and timer.take() == 0.0 and timer.count == 1
+
+
+def test_section_timer_on_cuda_reads_events_after_synchronising(monkeypatch):
+    """On a GPU the host clock only sees the queuing: the timer must use CUDA events and read them
+    once the last one has completed (fake events here: no GPU needed)."""
+    calls = []
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self):
+            FakeEvent.clock += 5.0  # ms of device time between consecutive records
+            self.at = FakeEvent.clock
+            calls.append("record")
+
+        def synchronize(self):
+            calls.append("synchronize")
+
+        def elapsed_time(self, end):
+            assert "synchronize" in calls, "read before synchronising"
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: pytest.fail("host clock used on CUDA"))
+    timer = timing.SectionTimer(torch.device("cuda", 0))
+    for _ in range(3):
+        with timer.section():
+            pass
+    assert calls.count("record") == 6
+    assert timer.take() == pytest.approx(3 * 5.0 / 1000)
+    assert timer.take() == 0.0
+
+
+def test_tp_scratch_gets_its_timer_explicitly():
+    """No module-level counter read through sys.modules: the timer is passed in."""
+    import inspect
+
+    source = inspect.getsource(train_llm)
+    assert "sys.modules" not in source
+    tp_scratch = importlib.import_module("parallel_tp_scratch")
+    assert "timer" in inspect.signature(tp_scratch.parallelize_tp_scratch).parameters
+    assert not hasattr(tp_scratch, "COMM_SECONDS")
+
+
+def test_context_parallel_positions_cover_the_sequence_once_and_balance_the_work():
+    cp_lib = importlib.import_module("parallel_cp")
+    seq, size = 64, 4
+    parts = [cp_lib.load_balanced_positions(seq, r, size) for r in range(size)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(seq))
+    # causal work of a rank ~ sum of its positions: equal for every rank
+    assert len({int(p.sum()) for p in parts}) == 1
+
+
+def test_dispatch_has_one_function_per_mode():
+    parallelize = importlib.import_module("parallelize")
+    assert set(parallelize.MODES) == set(train_llm.MODES)
+
+
+# ---- the benchmark reads every rank ----
+
+def _write_summary(folder, rank, **summary):
+    path = folder / f"rank{rank}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_bench_status_comes_from_every_rank(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_llm", Path(__file__).resolve().parents[1] / "bench" / "bench_llm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    oom = tmp_path / "oom"
+    _write_summary(oom, 0, status="aborted", error="stopped because rank 1 ran out of memory: ...", tokens_per_s=None)
+    _write_summary(oom, 1, status="oom", error="CUDA out of memory. Tried to allocate 2 GiB")
+    got = bench.read_run(oom, 2, returncode=1)
+    assert got["status"] == "OOM (rank 1)" and "Tried to allocate" in got["error"]
+    good = tmp_path / "good"
+    _write_summary(good, 0, status="completed", tokens_per_s=1000.0)
+    _write_summary(good, 1, status="completed", tokens_per_s=1000.0)
+    assert bench.read_run(good, 2, returncode=0)["status"] == "completed"
+    lost = tmp_path / "lost"
+    _write_summary(lost, 0, status="completed")
+    assert bench.read_run(lost, 2, returncode=1)["status"].startswith("failed rc=1 (no record from rank 1")

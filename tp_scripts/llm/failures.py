@@ -43,6 +43,7 @@ class FailureWatch:
         self.poll_s, self.grace_s = poll_s, grace_s
         self.store = _default_store() if world_size > 1 and dist.is_initialized() else None
         self._stop = threading.Event()
+        self._stopping = threading.Lock()  # the watcher and the main thread may both find the cause
         self._failing = False
         self._thread = None
 
@@ -81,6 +82,8 @@ class FailureWatch:
 
     def stop_for_peer(self, cause: str) -> None:
         """Record another rank's failure as the reason this rank stops, acknowledge, exit now."""
+        if not self._stopping.acquire(blocking=False):  # the other thread is already on it
+            threading.Event().wait()  # until its os._exit ends the process
         try:
             self.on_peer_failure(cause)
         finally:

@@ -185,16 +185,27 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, buffer_device=None):
-        """Also called after building on the meta device and moving with to_empty()."""
+        """Also called after building on the meta device and moving with to_empty().
+
+        Each parameter is drawn whole from its own generator (seeded by torch's seed and the
+        parameter's index), and a sharded parameter keeps its slice of that draw: the initial weights
+        are the same whether the model is built whole or on the meta device and sharded over any
+        number of ranks (drawing each shard from the global generator would give every rank the same
+        numbers). Same values for the same device type (CPU and CUDA generators differ)."""
         self.rope_cos, self.rope_sin = rope_tables(self.config, device=buffer_device or self.rope_cos.device)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
-        for name, param in self.named_parameters():
+        base_seed = torch.initial_seed()
+        for index, (name, param) in enumerate(self.named_parameters()):
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, std=residual_std)
-            else:
-                nn.init.normal_(param, std=0.02)
+                continue
+            std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            local = param.to_local() if hasattr(param, "to_local") else param
+            if local.is_meta:  # built on the meta device: drawn later, once allocated
+                continue
+            generator = torch.Generator(device=local.device).manual_seed((base_seed * 1_000_003 + index) % 2**63)
+            full = torch.empty(param.shape, device=local.device).normal_(0.0, std, generator=generator)
+            local.copy_(_local_part(param, full))
 
     def forward(self, x, positions=None):
         """x: token ids (batch, seq), or hidden states on a pipeline stage without the embedding.
@@ -211,6 +222,15 @@ class Llama(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def _local_part(param, full):
+    """This rank's part of a full tensor: all of it, or the DTensor shard's slice."""
+    if not hasattr(param, "device_mesh"):
+        return full
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
 
 
 def loss_fn(logits, targets):

@@ -115,6 +115,9 @@ def plan_degrees(args, config, world: int) -> dict:
             raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by --microbatches {microbatches}")
     if cp > 1 and args.seq_len % (2 * cp):
         raise ArgumentsError(f"--seq-len {args.seq_len} must divide by 2 x cp = {2 * cp} (load-balanced chunks)")
+    if args.compile and args.mode == "tp-scratch":
+        raise ArgumentsError("--compile cannot trace tp-scratch's hand-written all-reduces (dist.all_reduce inside "
+                             "an autograd.Function, timed by the host or CUDA events): use --mode tp to compile")
     if args.meta_init and args.mode not in FSDP_MODES:
         raise ArgumentsError(f"--meta-init allocates each rank's FSDP shards: use it with {', '.join(FSDP_MODES)}")
     if args.cpu_offload and args.mode not in FSDP_MODES:
