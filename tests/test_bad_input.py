@@ -123,3 +123,89 @@ def test_profile_sbatch_options_reach_the_script_but_line_breaks_do_not(workspac
     assert "#SBATCH --reservation=dlo" in dlokit.sbatch_preview(spec, dlokit.use_profile("course"))
     with pytest.raises(JobSpecError, match="line break"):
         dlokit.sbatch_preview(spec, dlokit.use_profile("evil"))
+
+
+def test_missing_relative_script_is_refused_on_slurm_too(slurm4, workspace):
+    with pytest.raises(JobSpecError, match=r"script 'no_such_script.py' not found \(looked for .*no_such_script.py\)"):
+        dlokit.gpu_jobs_submitter("no_such_script.py --test", name="bad")
+    assert nothing_written(workspace)
+
+
+def test_memory_settings_are_checked(workspace):
+    with pytest.raises(ProfileError, match=r"mem 'lots' is not an amount of memory: write e.g. '16G'"):
+        dlokit.use_profile("local-slurm", mem="lots")
+    with pytest.raises(ProfileError, match="mem or mem_per_cpu, not both"):
+        dlokit.use_profile("local-slurm", mem="4G", mem_per_cpu="1G")
+    with pytest.raises(ProfileError, match="'auto' sizes local jobs"):
+        dlokit.use_profile("local-slurm", mem="auto")
+    assert dlokit.use_profile("local").mem == "auto"
+
+
+@pytest.mark.parametrize("setting,line", [({"mem": "8G"}, "#SBATCH --mem=8G"),
+                                          ({"mem_per_cpu": "2000"}, "#SBATCH --mem-per-cpu=2000")])
+def test_memory_of_the_profile_reaches_the_batch_script(workspace, setting, line):
+    script = dlokit.sbatch_preview(dlokit.JobSpec(script=HELLO, name="ok"), dlokit.use_profile("local-slurm", **setting))
+    assert line in script and "#SBATCH --overcommit" in script
+
+
+def test_local_memory_limit_is_the_jobs_share(workspace):
+    from dlokit.submit import _local_memory
+
+    layout = dlokit.plan(dlokit.JobSpec(script=HELLO, n_gpu=1), dlokit.use_profile("local"))
+    assert _local_memory(dlokit.use_profile("local"), layout) == "auto"
+    assert _local_memory(dlokit.use_profile("local", mem="2G"), layout) == "2048"
+    assert _local_memory(dlokit.use_profile("local", mem="0"), layout) == "0"
+
+
+def test_options_the_local_backend_ignores_are_named_once_in_one_line(workspace, capsys):
+    dlokit.use_profile("local")
+    spec = dlokit.JobSpec(script=HELLO, name="ignored", account="abc@a100", qos="qos_gpu-t3", partition="gpu_p2")
+    [card] = dlokit.submit(spec, ignored=["n_cpu"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: ignored on profile 'local': account (Slurm only), partition (Slurm only), "
+                     "qos (Slurm only), n_cpu (unknown)"]
+    dlokit.wait(card.job_id, timeout_s=120)
+
+
+def test_unknown_and_ignored_options_of_a_cell_share_one_line(workspace, capsys):
+    dlokit.use_profile("local")
+    [job_id] = dlokit.gpu_jobs_submitter(HELLO, name="ignored", account="abc@a100", n_cpu=4)
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    dlokit.wait(job_id, timeout_s=120)
+    assert notes == ["note: ignored on profile 'local': account (Slurm only), n_cpu (unknown)"]
+
+
+def _partitions(max_time_s=86400, nodes=1, gpus=4, cpus=2, mem_mb=16000):
+    from dlokit.jobspec import Node, Partition
+
+    members = tuple(Node(f"n{k}", cpus, gpus, mem_mb, f"gpu:{gpus}") for k in range(nodes))
+    return {"gpu": Partition("gpu", True, max_time_s, None, None, members)}
+
+
+@pytest.mark.parametrize("options,profile_options,node,limit", [
+    (dict(n_gpu=8), {}, {}, r"n_gpu=8 needs 2 nodes of 4 GPUs but partition 'gpu' has 1 node: ask for at most 4 GPUs"),
+    (dict(time_max="2-00:00:00"), {}, {}, r"'2-00:00:00' \(2-00:00:00\) is longer than partition 'gpu' allows \(MaxTime"),
+    (dict(n_gpu=4), {}, dict(gpus=2), r"4 GPUs per node asked but the nodes of partition 'gpu' have at most 2 "
+                                      r"\(Gres gpu:2\)"),
+    (dict(n_gpu=2, cpus_per_task=2), {"overcommit": False}, {},
+     r"2 task\(s\) x 2 CPUs = 4 CPUs per node .* at most 2: give cpus_per_task=1 or fewer"),
+    (dict(n_gpu=4), {}, {}, None),  # 4 tasks on 2 cores: the local Slurm's --overcommit lets them share
+    (dict(n_gpu=1), {"mem": "20G"}, {}, r"memory 20480 MB per node .* at most 16000 MB"),
+])
+def test_layouts_are_checked_against_what_the_cluster_offers(workspace, options, profile_options, node, limit):
+    from dlokit.jobspec import check_fits
+
+    profile = dlokit.use_profile("local-slurm", **profile_options)
+    spec = dlokit.JobSpec(script=HELLO, name="fits", **options)
+    layout = dlokit.plan(spec, profile)
+    if limit is None:
+        check_fits(spec, profile, layout, _partitions(**node))
+    else:
+        with pytest.raises(JobSpecError, match=limit):
+            check_fits(spec, profile, layout, _partitions(**node))
+
+
+@pytest.mark.parametrize("text,seconds", [("1-00:00:00", 86400), ("2:00:00", 7200), ("30:00", 1800), ("60", 3600),
+                                          ("2-12", 216000), ("UNLIMITED", None), ("INFINITE", None)])
+def test_slurm_time_limits_are_read(text, seconds):
+    assert dlokit.jobspec.slurm_seconds(text) == seconds

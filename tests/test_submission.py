@@ -10,8 +10,10 @@ import pytest
 
 import dlokit
 from dlokit import jobs
+from dlokit.runrecord import read_rank
 
 JOBS = Path(__file__).parent / "job_scripts"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def script(name: str) -> str:
@@ -108,7 +110,8 @@ def test_batch_script_is_saved_and_viewable(backend):
     dlokit.wait(job_id, timeout_s=120)
     text = dlokit.show_script(job_id)
     if backend.backend == "slurm":
-        assert "#SBATCH --job-name=shown" in text and "#SBATCH --ntasks-per-node=2" in text
+        # the local Slurm has fewer cores than fake GPUs: --overcommit and --ntasks (see profiles.toml)
+        assert "#SBATCH --job-name=shown" in text and "#SBATCH --ntasks=2" in text and "#SBATCH --overcommit" in text
         assert "#SBATCH --gres=gpu:2" in text and "srun" in text
     else:
         assert "allreduce.py --tag x" in text
@@ -132,3 +135,87 @@ def test_arguments_with_shell_metacharacters_stay_plain_text(backend, workspace)
     assert not marker.exists()
     logs = workspace / "jobs"
     assert all(logs in p.parents for p in logs.rglob("*")) and not (workspace / "escape").exists()
+
+
+def test_memory_limit_of_the_profile_stops_a_job_as_out_of_memory_with_its_peak(backend):
+    """local: each task's script runs under an RLIMIT_DATA; Slurm: --mem, enforced by the local Slurm's
+    jobacct_gather (OverMemoryKill), whose kill sacct records as FAILED with the step's MaxRSS."""
+    dlokit.use_profile(backend.name, mem="400M")
+    [job_id] = dlokit.gpu_jobs_submitter(f"{script('hog.py')} 1500 5", n_gpu=1, name="hog", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "OUT_OF_MEMORY", str(outcome)
+    peak = float(outcome.cause.split("peak ", 1)[1].split(" MB")[0])
+    assert peak > 200, outcome.cause  # the hog got well into its allocation before it was stopped
+    if backend.backend == "local":
+        assert "limit of 400 MB per task" in outcome.cause and "MemoryError" in outcome.cause
+    else:
+        assert "sacct MaxRSS" in outcome.cause and "400M" in outcome.cause
+        assert "#SBATCH --mem=400M" in dlokit.show_script(job_id)
+
+
+def test_cancelled_job_is_cancelled_in_its_run_record_and_prints_nothing(backend, workspace, capfd):
+    [job_id] = dlokit.gpu_jobs_submitter(script("recorded_sleep.py"), n_gpu=1, name="cancelrec",
+                                         time_max="00:05:00", verbose=False)
+    metrics = workspace / "runs" / job_id / "rank0" / "metrics.jsonl"
+    deadline = time.time() + 90
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() < deadline:
+        time.sleep(0.3)
+    assert metrics.exists(), str(dlokit.job_outcome(job_id))
+    dlokit.cancel(job_id)
+    [outcome] = dlokit.wait(job_id, timeout_s=60)
+    assert outcome.state == "CANCELLED", str(outcome)
+    deadline = time.time() + 20  # on Slurm the outcome can come before the step's last write
+    while read_rank(metrics.parent)["state"] != "cancelled" and time.time() < deadline:
+        time.sleep(0.3)
+    record = read_rank(metrics.parent)
+    assert record["state"] == "cancelled", record["summary"]
+    assert capfd.readouterr() == ("", ""), "nothing in the notebook cell"
+    card = jobs.find_card(job_id)
+    for log in Path(card.folder).glob(f"{card.scheduler_id}*.*"):
+        if log.suffix in (".log", ".err", ".out"):
+            text = log.read_text(errors="replace")
+            assert "Traceback" not in text and "KeyboardInterrupt" not in text, f"{log.name}:\n{text}"
+
+
+def test_each_task_sees_only_its_own_gpu_and_its_share_of_cores(backend, monkeypatch):
+    """Local: two fake GPUs the launcher holds for the job; Slurm: all 4 fake GPUs of the local Slurm's
+    node, whose real cores are fewer (the tasks share them: --overcommit)."""
+    n_gpu = 2 if backend.backend == "local" else 4
+    if backend.backend == "local":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    spec = dlokit.JobSpec(script=script("visible.py"), name="visible", n_gpu=n_gpu, time_max="00:02:00")
+    cpus = dlokit.plan(spec, backend).cpus_per_task
+    [job_id] = dlokit.gpu_jobs_submitter(script("visible.py"), n_gpu=n_gpu, name="visible", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "COMPLETED", str(outcome)
+    lines = json_lines(job_id, n_gpu)
+    assert sorted(line["local_rank"] for line in lines) == list(range(n_gpu))
+    gpus = [line["gpus"] for line in sorted(lines, key=lambda line: line["local_rank"])]
+    assert all(len(g.split(",")) == 1 for g in gpus) and len(set(gpus)) == n_gpu, gpus
+    assert [line["omp"] for line in lines] == [str(cpus)] * n_gpu
+    if backend.backend == "local":
+        assert gpus == ["0", "1"] and not set(lines[0]["cpus"]) & set(lines[1]["cpus"])
+
+
+def test_missing_data_set_says_how_to_make_one(backend, monkeypatch):
+    monkeypatch.delenv("DLOKIT_DATA", raising=False)
+    [job_id] = dlokit.gpu_jobs_submitter(f"{REPO / 'tp_scripts' / 'train_classifier.py'} --test", n_gpu=1,
+                                         name="nodata", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=180)
+    assert outcome.state == "FAILED", str(outcome)
+    assert "no data set" in outcome.cause and "make_synthetic_imagenet.py" in outcome.cause, outcome.cause
+    assert "usage:" not in outcome.cause and "FailedJobError" not in outcome.cause, outcome.cause
+
+
+def test_queue_view_stops_at_its_timeout_saying_what_is_left(backend, capsys):
+    from dlokit import queue
+
+    [job_id] = dlokit.gpu_jobs_submitter(f"{script('sleep.py')} 60", n_gpu=1, name="slow", time_max="00:02:00")
+    assert queue.default_watch_timeout("slow") == 120 + queue.WATCH_MARGIN_S  # its time limit, then a margin
+    last = dlokit.display_slurm_queue("slow", timestep=0.5, timeout_s=1)
+    assert list(last["job_id"]) == [job_id]
+    out = capsys.readouterr().out
+    assert "stopped watching after 1 s (display_slurm_queue's timeout_s): still in the queue: " + job_id in out
+    assert "The jobs go on" in out
+    dlokit.cancel(job_id)
+    dlokit.wait(job_id, timeout_s=60)

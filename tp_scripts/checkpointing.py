@@ -38,8 +38,13 @@ def save_checkpoint(path, *, model, optimizer, scheduler, scaler, epoch: int, ba
         "rng_states": rng_states,
     }
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:  # written aside, then renamed: a full disk leaves the previous checkpoint whole
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(getattr(err, "errno", None) or 28,
+                      f"could not write the checkpoint {path} (the previous one is kept): {err}") from None
 
 
 def resolve(path) -> Path:

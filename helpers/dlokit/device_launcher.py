@@ -1,10 +1,15 @@
 """The local job launcher: wait for the job's devices (dlokit.devices), then run submitit's controller.
 
-    python -m dlokit.device_launcher --need 1 --among cpu --folder F --name alice -- python -m submitit.local._local F
+    python -m dlokit.device_launcher --need 1 --among cpu --folder F --name alice --mem-mb auto -- python -m submitit.local._local F
 
 Its pid is the job's native id. While it waits, `<pid>_waiting.json` in the job folder says for what;
-once started, `<pid>_started.json` says when and on which devices. What it and the controller print
-goes to `<pid>_launcher.log`, never into the notebook cell.
+once started, `<pid>_started.json` says when, on which devices and with how much memory (each task's
+script then runs under an RLIMIT_DATA of its share, see submit.ScriptTask). What it and the
+controller print goes to `<pid>_launcher.log`, never into the notebook cell.
+
+Cancelling (SIGINT or SIGTERM to the launcher, as dlokit.cancel does) writes `<pid>_cancelled.json`
+and asks the controller to stop with SIGTERM (which it forwards to every task, and each task to its
+script, whose RunRecorder records "cancelled"); whatever is left after GRACE_S is killed.
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ from pathlib import Path
 from dlokit import jobenv
 from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
+GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
+AUTO_MEM_FRACTION = 0.8  # mem = "auto": this share of the memory available when the job starts
+
 
 def _waiting_note(queue: DeviceQueue, since: float) -> dict:
     busy = holders(queue.among, queue.root)
@@ -31,12 +39,34 @@ def _gpu_ids(devices: list[str]) -> str:
     return ",".join(d[3:] for d in devices if d.startswith("gpu"))
 
 
+def _available_mb() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _memory_limit_mb(wanted: str, queue: DeviceQueue) -> int:
+    """The job's memory limit in MB (0: none). "auto": 80 % of the memory available now, shared between
+    this job's devices and the devices no job holds yet (each may start a job of its own)."""
+    if wanted != "auto":
+        return int(wanted or 0)
+    busy = holders(queue.among, queue.root)
+    free = [d for d in queue.among if d not in busy and d not in queue.held]
+    share = len(queue.held) / max(1, len(queue.held) + len(free))
+    return int(_available_mb() * AUTO_MEM_FRACTION * share)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.device_launcher", description=__doc__.split("\n")[0])
     parser.add_argument("--need", type=int, required=True, help="how many devices the job needs")
     parser.add_argument("--among", required=True, help="comma-separated devices: cpu, or gpu0,gpu1,...")
     parser.add_argument("--folder", type=Path, required=True, help="the job's log folder")
     parser.add_argument("--name", default="job")
+    parser.add_argument("--mem-mb", default="0", help="the job's memory limit in MB, 'auto' or 0 (none)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -49,14 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     waiting = args.folder / f"{pid}_waiting.json"
     queue = DeviceQueue(args.need, [d for d in args.among.split(",") if d], args.name)
     child: list[subprocess.Popen] = []
+    stop_by: list[float] = []  # when a cancelled job's leftovers get killed
 
     def on_signal(signum, _frame):
-        if child:
-            child[0].send_signal(signum)
-        else:  # still waiting: nothing started, nothing to stop
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            write_json(args.folder / f"{pid}_cancelled.json",
+                       {"cancelled_at": time.time(), "signal": signal.Signals(signum).name})
+        if not child:  # still waiting: nothing started, nothing to stop
             queue.leave()
             waiting.unlink(missing_ok=True)
             os._exit(128 + signum)
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            # SIGTERM, never SIGINT: the controller forwards it to the tasks and raises no KeyboardInterrupt
+            if not stop_by:
+                stop_by.append(time.time() + GRACE_S)
+                print(f"{time.strftime('%H:%M:%S')} job {args.name}: cancelled, stopping its tasks", flush=True)
+            child[0].send_signal(signal.SIGTERM)
+        else:
+            child[0].send_signal(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, on_signal)
@@ -74,20 +114,39 @@ def main(argv: list[str] | None = None) -> int:
            # the controller names its task logs after its parent (this launcher), as under a shell
            "SUBMITIT_LOCAL_WITH_SHELL": "1"}
     if any(d.startswith("gpu") for d in queue.held):
-        env["CUDA_VISIBLE_DEVICES"] = _gpu_ids(queue.held)
+        env["CUDA_VISIBLE_DEVICES"] = _gpu_ids(queue.held)  # each task then keeps its own (ScriptTask)
+    mem_mb = _memory_limit_mb(args.mem_mb, queue)
     write_json(args.folder / f"{pid}_started.json",
-                {"started_at": time.time(), "devices": queue.held, "waited_s": round(waited, 3)})
+               {"started_at": time.time(), "devices": queue.held, "waited_s": round(waited, 3),
+                "mem_limit_mb": mem_mb or None, "mem_auto": args.mem_mb == "auto"})
     waiting.unlink(missing_ok=True)
-    print(f"{time.strftime('%H:%M:%S')} job {args.name}: got {', '.join(queue.held)} after {waited:.1f} s", flush=True)
-    child.append(subprocess.Popen(command, env=env))
+    memory = f"{mem_mb} MB{' (auto)' if args.mem_mb == 'auto' else ''}" if mem_mb else "no limit"
+    print(f"{time.strftime('%H:%M:%S')} job {args.name}: got {', '.join(queue.held)} after {waited:.1f} s; "
+          f"memory: {memory}", flush=True)
+    # its own process group: a cancel can kill whatever the tasks leave behind, and nothing else
+    child.append(subprocess.Popen(command, env=env, start_new_session=True))
     while True:
         try:
-            code = child[0].wait()
+            code = child[0].wait(timeout=0.5)
             break
+        except subprocess.TimeoutExpired:
+            if stop_by and time.time() > stop_by[0]:
+                print(f"{time.strftime('%H:%M:%S')} job {args.name}: tasks still running {GRACE_S:.0f} s after "
+                      "the cancel: killed", flush=True)
+                _kill_group(child[0].pid)
         except InterruptedError:
             continue
+    if stop_by:
+        _kill_group(child[0].pid)  # a script's own children left behind by a cancel
     queue.release()
     return code
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 if __name__ == "__main__":

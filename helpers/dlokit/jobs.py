@@ -265,8 +265,8 @@ def _sacct(job_id: str) -> dict | None:
 def _squeue_state(card: JobCard) -> dict:
     """Before slurmdbd has the job, squeue knows it (with why a PENDING job waits); a job neither knows is
     UNKNOWN. A controller that does not answer (restarting) leaves the job PENDING, not lost."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", card.job_id, "-o", "%T|%M|%r"],
+    try:  # -t all: also a job that ended a moment ago (MinJobAge), which sacct may still show RUNNING
+        done = subprocess.run(["squeue", "-h", "-t", "all", "-j", card.job_id, "-o", "%T|%M|%r"],
                               capture_output=True, text=True, timeout=20)
         out, failed = done.stdout.split("\n"), done.returncode != 0 and "Invalid job id" not in done.stderr
     except (FileNotFoundError, subprocess.TimeoutExpired) as err:
@@ -274,7 +274,7 @@ def _squeue_state(card: JobCard) -> dict:
     out = [line for line in out if line.strip()]
     if out:
         state, elapsed, reason = (out[0].split("|") + ["", ""])[:3]
-        row = {"state": state, "elapsed": elapsed}
+        row = {"state": state, "elapsed": elapsed, "seen": True}
         if state == "PENDING" and reason and reason != "None":
             row["cause"] = f"waiting: {reason} (Slurm's reason)"
         return row
@@ -363,10 +363,8 @@ def job_outcome(job_id: str) -> Outcome:
     card = find_card(str(job_id))
     row: dict = {}
     if card.backend == "slurm":
-        row = _sacct(card.job_id) or _squeue_state(card)
+        row = _slurm_row(card)
         outcome = Outcome(card.job_id, row["state"], row.get("exit_code", ""), row.get("elapsed", ""))
-        if outcome.state == "PENDING" and "cause" not in row:
-            row = {**row, **{k: v for k, v in _squeue_state(card).items() if k == "cause"}}
         outcome.cause = row.get("cause", "")
     else:
         outcome = _local_outcome(card)
@@ -381,6 +379,9 @@ def job_outcome(job_id: str) -> Outcome:
             outcome.state = "OUT_OF_MEMORY"
         elif any(sign in evidence for sign in DISK_FULL):
             outcome.cause = f"the disk is full (No space left on device): {_last_line(outcome.cause)}\n{outcome.cause}"
+        killed = [-u["returncode"] for u in usage if isinstance(u.get("returncode"), int) and u["returncode"] < 0]
+        if killed and outcome.state == "FAILED":
+            outcome.cause += f"\n(the script was killed by {_signal_name(killed[0])})"
     if outcome.state == "OUT_OF_MEMORY":
         outcome.cause = _memory_cause(card, row, usage, outcome.cause or traceback_tail(card))
     elif outcome.state == "TIMEOUT":
@@ -388,6 +389,33 @@ def job_outcome(job_id: str) -> Outcome:
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
     return outcome
+
+
+def _slurm_row(card: JobCard) -> dict:
+    """sacct's line for a finished job; squeue's while the controller has the job (it knows first that the
+    job waits, and why, or that it just ended); then sacct's once slurmdbd has the end (exit code, MaxRSS)."""
+    row = _sacct(card.job_id)
+    if row is not None and row["state"] not in ACTIVE:
+        return row
+    live = _squeue_state(card)
+    if row is not None and not live.get("seen"):
+        return {**row, **({"cause": live["cause"]} if row["state"] == "PENDING" and "cause" in live else {})}
+    if live["state"] in ACTIVE | {"UNKNOWN"}:
+        return {**(row or {}), **live}
+    deadline = time.time() + 10
+    while time.time() < deadline:  # ended: its accounting comes a moment later
+        time.sleep(0.5)
+        row = _sacct(card.job_id)
+        if row is not None and row["state"] not in ACTIVE:
+            return row
+    return live
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _last_line(text: str) -> str:
@@ -429,16 +457,16 @@ def _script_error(card: JobCard) -> str:
 def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> str:
     """Out of memory, with the peak the job reached and the limit it had."""
     peaks = [u["peak_rss_mb"] for u in usage if isinstance(u.get("peak_rss_mb"), (int, float))]
-    peak = row.get("peak_mb") or (max(peaks) if peaks else None)
+    task_peak = f"peak {max(peaks):.0f} MB (largest process of a task)" if peaks else "peak unknown"
     if card.backend == "slurm":
         limit = f"its memory request {row['req_mem']}" if row.get("req_mem") else "the memory it was given"
         where = "use_profile(..., mem='32G') asks for more"
-        measured = f"peak {peak:.0f} MB (sacct MaxRSS)" if peak else "peak unknown (no MaxRSS in sacct)"
+        measured = f"peak {row['peak_mb']:.0f} MB (sacct MaxRSS)" if row.get("peak_mb") else task_peak
     else:
         limits = [u["mem_limit_mb"] for u in usage if u.get("mem_limit_mb")]
         limit = f"the limit of {max(limits)} MB per task" if limits else "the machine's memory"
         where = "use_profile('local', mem='16G') sets the job's limit"
-        measured = f"peak {peak:.0f} MB (largest process of a task)" if peak else "peak unknown"
+        measured = task_peak
     return f"out of memory: {measured}, against {limit}; {where}\n{detail}".rstrip()
 
 
@@ -463,7 +491,9 @@ def _local_outcome(card: JobCard) -> Outcome:
         return Outcome(card.job_id, "COMPLETED", "0:0", elapsed)
     if ended - started >= card.time_seconds - 2:
         return Outcome(card.job_id, "TIMEOUT", elapsed=elapsed)
-    return Outcome(card.job_id, "FAILED", "1:0", elapsed)
+    codes = [u["returncode"] for u in _usage(card) if isinstance(u.get("returncode"), int) and u["returncode"]]
+    code = codes[0] if codes else 1  # as Slurm writes it: exit code:signal
+    return Outcome(card.job_id, "FAILED", f"{code}:0" if code > 0 else f"0:{-code}", elapsed)
 
 
 def hms(seconds: float) -> str:

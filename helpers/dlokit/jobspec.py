@@ -1,17 +1,21 @@
 """A job, described once and checked before anything is written or submitted.
 
 JobSpec holds what a notebook cell asks for; `plan(spec, profile)` validates it against the profile
-and returns the node layout; `sbatch_preview` renders the batch script submitit would send.
+and returns the node layout; `sbatch_preview` renders the batch script submitit would send;
+`cluster_limits` asks a Slurm cluster what its partitions and nodes offer and `check_fits` refuses a
+layout or a time limit that could never start there.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .profiles import Profile
+from .profiles import Profile, memory_mb
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MODULE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]*")
@@ -193,7 +197,18 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
             params[key] = str(value)
     if spec.exclusive or profile.exclusive_measurements:
         params["exclusive"] = True
-    extra = {**({"hint": "nomultithread"} if profile.hint_nomultithread else {}), **profile.sbatch}
+    if profile.mem:
+        params["mem"] = str(profile.mem).strip()
+    elif profile.mem_per_cpu:
+        params["mem_per_cpu"] = str(profile.mem_per_cpu).strip()
+    overcommit = {}
+    if profile.overcommit:
+        # Slurm still wants tasks x cpus CPUs per node from --ntasks-per-node, or from --nodes=N --ntasks=T
+        # (it derives the tasks per node), even with --overcommit; --ntasks with a node range does not.
+        overcommit = {"overcommit": True, "ntasks": layout.tasks, "nodes": f"{layout.nodes}-{layout.nodes + 1}",
+                      "use_min_nodes": True}
+        del params["ntasks_per_node"]
+    extra = {**({"hint": "nomultithread"} if profile.hint_nomultithread else {}), **overcommit, **profile.sbatch}
     if extra:
         params["additional_parameters"] = extra
     for key, value in {**params, **extra}.items():
@@ -233,3 +248,167 @@ def sbatch_preview(spec: JobSpec, profile: Profile, folder: str | Path | None = 
     command = f"{shlex.quote(python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     script = _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, profile, layout))
     return f"{script}\n# every task then runs (argv passed as a list, no shell): {spec.command_line}\n"
+
+
+# ---- what a Slurm cluster offers ------------------------------------------------------------------
+
+class ClusterQueryError(RuntimeError):
+    """The cluster could not be asked (no scontrol, no controller, an answer not understood)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    gpus: int
+    mem_mb: int
+    gres: str
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    max_time_s: int | None  # None: UNLIMITED
+    max_nodes: int | None
+    max_mem_per_node_mb: int | None
+    nodes: tuple[Node, ...]
+
+
+_cluster_cache: dict[tuple, dict[str, Partition]] = {}
+
+
+def _scontrol(*args: str) -> list[dict]:
+    """`scontrol show ... -o`: one dict of key=value per line."""
+    try:
+        done = subprocess.run(["scontrol", "show", *args, "-o"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ClusterQueryError(f"scontrol show {' '.join(args)}: {err}") from None
+    if done.returncode:
+        raise ClusterQueryError(f"scontrol show {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
+    rows = []
+    for line in done.stdout.splitlines():
+        row = {}
+        for item in re.split(r"\s+(?=[A-Za-z/:]+=)", line.strip()):
+            key, _, value = item.partition("=")
+            row[key] = value
+        if row:
+            rows.append(row)
+    return rows
+
+
+def slurm_seconds(text: str) -> int | None:
+    """Slurm's time limits ('1-00:00:00', '2:00:00', '30:00', '60', 'UNLIMITED') -> seconds, None if unlimited."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    elif len(parts) == 3:  # hours:minutes:seconds
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:  # minutes:seconds
+        hours, (minutes, seconds) = 0, parts
+    else:  # minutes
+        hours, minutes, seconds = 0, parts[0], 0
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def _limit(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def _gres_gpus(gres: str) -> int:
+    """'gpu:4', 'gpu:a100:8(S:0-1)', 'gpu:2,shard:8' -> GPUs on the node."""
+    return sum(int(n) for n in re.findall(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)", gres or ""))
+
+
+def cluster_limits(profile: Profile) -> dict[str, Partition]:
+    """The cluster's partitions with their nodes, asked once per profile and cluster in a session."""
+    key = (profile.name, os.environ.get("SLURM_CONF", ""))
+    if key not in _cluster_cache:
+        nodes = {}
+        for row in _scontrol("node"):
+            try:
+                nodes[row["NodeName"]] = (row.get("Partitions", ""), Node(
+                    name=row["NodeName"], cpus=int(row.get("CPUTot") or row.get("CPUEfctv") or 0),
+                    gpus=_gres_gpus(row.get("Gres", "")), mem_mb=int(row.get("RealMemory") or 0),
+                    gres=row.get("Gres", "")))
+            except (KeyError, ValueError) as err:
+                raise ClusterQueryError(f"cannot read scontrol's node line ({err})") from None
+        partitions = {}
+        for row in _scontrol("partition"):
+            name = row.get("PartitionName", "")
+            members = tuple(node for parts, node in nodes.values() if name in parts.split(","))
+            try:
+                max_time = slurm_seconds(row.get("MaxTime", "UNLIMITED"))
+            except ValueError:
+                max_time = None
+            partitions[name] = Partition(name=name, default=row.get("Default") == "YES", max_time_s=max_time,
+                                         max_nodes=_limit(row.get("MaxNodes")),
+                                         max_mem_per_node_mb=_limit(row.get("MaxMemPerNode")), nodes=members)
+        if not partitions:
+            raise ClusterQueryError("scontrol lists no partition")
+        _cluster_cache[key] = partitions
+    return _cluster_cache[key]
+
+
+def _plural(number: int, word: str) -> str:
+    return f"{number} {word}{'' if number == 1 else 's'}"
+
+
+def check_fits(spec: JobSpec, profile: Profile, layout: Layout, partitions: dict[str, Partition]) -> None:
+    """Refuse, naming the limit, a job that no partition node could ever start (it would stay PENDING)."""
+    wanted = spec.partition or profile.partition
+    if wanted:
+        if wanted not in partitions:
+            raise JobSpecError(f"partition {wanted!r} does not exist on this cluster; "
+                               f"its partitions are: {', '.join(sorted(partitions))}")
+        part = partitions[wanted]
+    else:
+        part = next((p for p in partitions.values() if p.default), None)
+        if part is None:
+            return  # no default partition: sbatch itself will say so
+    where = f"partition {part.name!r}"
+    if part.max_time_s is not None and layout.time_seconds > part.max_time_s:
+        raise JobSpecError(f"time_max {spec.time_max!r} ({format_seconds(layout.time_seconds)}) is longer than "
+                           f"{where} allows (MaxTime {format_seconds(part.max_time_s)}): ask for at most that")
+    if not part.nodes:
+        return
+    cpus = layout.cpus_per_task * (1 if profile.overcommit else layout.tasks_per_node)
+    mem = None
+    if profile.mem and str(profile.mem).strip() not in ("0", ""):
+        mem = memory_mb(profile.mem)
+    elif profile.mem_per_cpu:
+        mem = memory_mb(profile.mem_per_cpu) * cpus
+    most_gpus = max(n.gpus for n in part.nodes)
+    most_cpus = max(n.cpus for n in part.nodes)
+    most_mem = max(n.mem_mb for n in part.nodes)
+    count = len(part.nodes) if part.max_nodes is None else min(len(part.nodes), part.max_nodes)
+    if layout.nodes > count:
+        per_node = min(layout.gpus_per_node, most_gpus) or layout.gpus_per_node
+        raise JobSpecError(f"n_gpu={layout.n_gpu} needs {_plural(layout.nodes, 'node')} of {layout.gpus_per_node} "
+                           f"GPUs but {where} has {_plural(count, 'node')}"
+                           f"{' a job may use' if part.max_nodes is not None else ''}: "
+                           f"ask for at most {count * per_node} GPUs")
+    if layout.gpus_per_node > most_gpus:
+        raise JobSpecError(f"{layout.gpus_per_node} GPUs per node asked but the nodes of {where} have at most "
+                           f"{most_gpus} (Gres {max(part.nodes, key=lambda n: n.gpus).gres or 'none'}): ask for at "
+                           f"most {most_gpus} GPUs per node (profile {profile.name!r} has gpus_per_node="
+                           f"{profile.gpus_per_node})")
+    if cpus > most_cpus:
+        share = max(1, most_cpus // max(1, layout.tasks_per_node))
+        raise JobSpecError(f"{layout.tasks_per_node} task(s) x {layout.cpus_per_task} CPUs = {cpus} CPUs per node but "
+                           f"the nodes of {where} have at most {most_cpus}: give cpus_per_task={share} or fewer")
+    limit = min(most_mem, part.max_mem_per_node_mb or most_mem)
+    if mem is not None and mem > limit:
+        raise JobSpecError(f"memory {mem} MB per node (profile {profile.name!r}: "
+                           f"{'mem=' + str(profile.mem) if profile.mem else 'mem_per_cpu=' + str(profile.mem_per_cpu)}) "
+                           f"but the nodes of {where} have at most {limit} MB: lower it")
+    fitting = [n for n in part.nodes if n.gpus >= layout.gpus_per_node and n.cpus >= cpus
+               and (mem is None or n.mem_mb >= mem)]
+    if len(fitting) < layout.nodes:
+        raise JobSpecError(f"only {_plural(len(fitting), 'node')} of {where} offer {layout.gpus_per_node} GPUs and "
+                           f"{cpus} CPUs{f' and {mem} MB' if mem else ''} at once; the job needs {layout.nodes}")

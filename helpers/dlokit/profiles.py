@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -40,6 +41,10 @@ class Profile:
     # every job asks for whole nodes (--exclusive), so that two measurements never share cores: for
     # nodes whose "GPUs" are not real and the training runs on the CPU (the project's local Slurm)
     exclusive_measurements: bool = False
+    # --overcommit: more tasks than CPUs on a node (tasks share cores); for nodes with fewer cores than
+    # (fake) GPUs, such as the project's local Slurm on a small machine. The batch script then asks for
+    # --ntasks=T --nodes=N-(N+1) --use-min-nodes instead of --ntasks-per-node (which Slurm would refuse).
+    overcommit: bool = False
     setup: tuple[str, ...] = ()
     python: str = ""
     log_dir: str = ""  # default: ./dlokit_jobs/<user>
@@ -47,6 +52,12 @@ class Profile:
     env: dict = field(default_factory=dict)  # extra environment for every job
     sbatch: dict = field(default_factory=dict)  # any other #SBATCH option, e.g. {reservation = "course"}
     required: tuple[str, ...] = ()
+    # memory, in Slurm's words: `mem` per node (= the whole job on the local backend), or `mem_per_cpu`;
+    # "16G", "512M", a number of MB. Slurm: --mem / --mem-per-cpu, empty = the cluster's default.
+    # Local: a per-task RLIMIT_DATA; "auto" = 80 % of the memory available when the job starts,
+    # shared with the devices still free (measurements run one at a time); "0" = no limit.
+    mem: str = ""
+    mem_per_cpu: str = ""
 
     @property
     def logs(self) -> Path:
@@ -74,6 +85,36 @@ class Profile:
             return int(self.cpus_per_task)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, cores // max(1, self.node_gpus()))
+
+
+MEMORY_PATTERN = re.compile(r"(\d+)\s*([KMGT]?)B?", re.IGNORECASE)
+
+
+def memory_mb(value, label: str = "mem") -> int:
+    """Slurm's memory syntax ("16G", "512M", "2048" = MB) -> MB; ProfileError with an example otherwise."""
+    text = str(value).strip()
+    match = MEMORY_PATTERN.fullmatch(text)
+    if isinstance(value, bool) or not match:
+        raise ProfileError(f"{label} {value!r} is not an amount of memory: write e.g. '16G', '512M' "
+                           "or a number of megabytes")
+    number, unit = int(match.group(1)), match.group(2).upper()
+    return {"K": max(1, number // 1024) if number else 0, "": number, "M": number,
+            "G": number * 1024, "T": number * 1024 ** 2}[unit]
+
+
+def _check_memory(profile: "Profile") -> None:
+    if profile.mem and profile.mem_per_cpu:
+        raise ProfileError(f"profile {profile.name!r}: give mem or mem_per_cpu, not both (Slurm refuses both)")
+    for key in ("mem", "mem_per_cpu"):
+        value = str(getattr(profile, key)).strip()
+        if not value:
+            continue
+        if value.lower() == "auto":
+            if profile.backend != "local" or key != "mem":
+                raise ProfileError(f"profile {profile.name!r}: {key} = 'auto' sizes local jobs to this machine; "
+                                   "on Slurm give an amount such as '16G', or leave it empty for the cluster's default")
+            continue
+        memory_mb(value, f"profile {profile.name!r}: {key}")
 
 
 def _profile_files() -> list[Path]:
@@ -117,9 +158,13 @@ def get_profile(name: str, **overrides) -> Profile:
     for key in ("setup", "required"):
         if key in values:
             values[key] = tuple(values[key])
+    for key in ("mem", "mem_per_cpu"):
+        if key in values and not isinstance(values[key], str):
+            values[key] = str(values[key])
     profile = Profile(name=name, **values)
     if profile.backend not in ("local", "slurm"):
         raise ProfileError(f"profile {name!r}: backend must be 'local' or 'slurm', not {profile.backend!r}")
+    _check_memory(profile)
     missing = [key for key in profile.required if not getattr(profile, key)]
     if missing:
         example = ", ".join(f"{key}='...'" for key in missing)

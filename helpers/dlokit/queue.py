@@ -29,7 +29,8 @@ def job_table(name: str | None = None, job_ids=None) -> pd.DataFrame:
 
 
 def _slurm_rows(name: str | None) -> list[dict]:
-    command = ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R|%r"]
+    # -r: one line per array element, so a pending element shows as 12_1 (with its reason), not as 12_[1]
+    command = ["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R|%r"]
     if name:
         command += ["-n", name]
     out = subprocess.run(command, capture_output=True, text=True, timeout=30)
@@ -71,15 +72,41 @@ def _in_jupyter() -> bool:
     return shell is not None and "ZMQ" in type(shell).__name__
 
 
+WATCH_MARGIN_S = 600  # default timeout: the longest time limit of the watched jobs plus this
+
+
 def display_slurm_queue(name: str | None = None, timestep: float = 5.0, timeout_s: float | None = None,
                         job_ids=None) -> pd.DataFrame:
     """Show my jobs (those named `name`, or only `job_ids`), refresh every `timestep` s, return once none is left.
 
-    Returns the last non-empty table seen, so a notebook can look at what ran.
+    Returns the last non-empty table seen, so a notebook can look at what ran. It stops watching after
+    `timeout_s` (default: the longest time limit of these jobs plus 10 minutes; float("inf"): never) and
+    says which jobs are still queued and why; the jobs themselves go on.
     """
+    if timeout_s is None:
+        timeout_s = default_watch_timeout(name, job_ids)
     if _in_jupyter():
         return _watch_widget(name, timestep, timeout_s, job_ids)
     return _watch_text(name, timestep, timeout_s, job_ids)
+
+
+def default_watch_timeout(name: str | None = None, job_ids=None) -> float:
+    """The longest time limit among these jobs' cards plus WATCH_MARGIN_S (an hour when none is known)."""
+    cards = jobs.all_cards(name)
+    if job_ids is not None:
+        wanted = {str(i) for i in job_ids}
+        cards = [card for card in cards if card.job_id in wanted]
+    limits = [card.time_seconds for card in cards if isinstance(card.time_seconds, int)]
+    return (max(limits) if limits else 3000) + WATCH_MARGIN_S
+
+
+def timeout_message(table: pd.DataFrame, timeout_s: float) -> str:
+    """What is still queued when the watch stops, with Slurm's reason for the PENDING jobs."""
+    waiting = "; ".join(f"{row.job_id} {row.state}" + (f" ({row.reason})" if row.reason else "")
+                        for row in table.itertuples())
+    return (f"stopped watching after {timeout_s:.0f} s (display_slurm_queue's timeout_s): still in the queue: "
+            f"{waiting}. The jobs go on: call display_slurm_queue again, or dlokit.job_outcome(job_id), "
+            "or dlokit.cancel(job_id)")
 
 
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
@@ -90,8 +117,11 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
         if text != last_text:
             print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
             last_text = text
-        if table.empty or (timeout_s is not None and time.time() - start > timeout_s):
+        if table.empty:
             return last
+        if timeout_s is not None and time.time() - start > timeout_s:
+            print(timeout_message(table, timeout_s), flush=True)
+            return table
         last = table
         time.sleep(timestep)
 
@@ -150,9 +180,13 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
             if ids != shown_ids:
                 buttons.children = [cancel_button(i) for i in ids]
                 shown_ids = ids
-            if table.empty or (timeout_s is not None and time.time() - start > timeout_s):
+            if table.empty:
                 buttons.children = []
                 return last
+            if timeout_s is not None and time.time() - start > timeout_s:
+                # the cancel buttons stay: they still work once the cell has returned
+                board.value += f"<p><b>{html.escape(timeout_message(table, timeout_s))}</b></p>"
+                return table
             last = table
             deadline = time.time() + timestep
             while time.time() < deadline:

@@ -9,20 +9,32 @@ travel as a list, never through a shell, so quotes, `;`, `$()` or backticks stay
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import resource
 import secrets
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import submitit
+from submitit.core.utils import FailedJobError
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 from submitit.local.local import LocalJob
 
 from . import devices, jobenv, jobs
-from .jobspec import JobSpec, JobSpecError, Layout, plan, setup_lines, slurm_parameters, uses_modules
-from .profiles import Profile, current_profile
+from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_fits, cluster_limits, plan, setup_lines,
+                      slurm_parameters, uses_modules)
+from .profiles import Profile, current_profile, memory_mb
+
+# Run before the script on the local backend when the job has a memory limit: set this task's
+# RLIMIT_DATA (writable private memory: the heap, not the address space, so CUDA's reservations do
+# not count), then exec the script itself in the same process.
+_EXEC_WITH_RLIMIT = ("import os,sys,resource as r;n=int(sys.argv[1]);h=r.getrlimit(r.RLIMIT_DATA)[1];"
+                     "r.setrlimit(r.RLIMIT_DATA,(n if h==r.RLIM_INFINITY else min(n,h),h));"
+                     "os.execvp(sys.argv[2],sys.argv[2:])")
 
 
 class ScriptTask:
@@ -33,13 +45,88 @@ class ScriptTask:
 
     def __call__(self) -> str:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        env = {**os.environ, jobenv.RUN_ID: submitit.JobEnvironment().job_id, **self.env}
-        _pin_to_own_cores(env)
-        return CommandFunction([self.python, "-u", *self.argv], cwd=self.cwd, env=env)()
+        job = submitit.JobEnvironment()
+        env = {**os.environ, jobenv.RUN_ID: job.job_id, **self.env}
+        _own_gpus(env)
+        cpus = _pin_to_own_cores(env) or jobenv.cpus_per_task(env)
+        if cpus and "OMP_NUM_THREADS" not in self.env:  # the task's CPUs, not the node's
+            env["OMP_NUM_THREADS"] = str(cpus)
+        command = [self.python, "-u", *self.argv]
+        limit_mb = _memory_limit_mb(job, env)
+        if limit_mb:
+            command = [self.python, "-c", _EXEC_WITH_RLIMIT, str(limit_mb * 1024 ** 2), *command]
+        stopped: list[int] = []
+
+        def on_stop(signum, _frame):  # cancelled: tell the script (its RunRecorder records it), end quietly
+            stopped.append(signum)
+            for pid in _children(os.getpid()):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+        previous = signal.signal(signal.SIGTERM, on_stop)
+        returncode = 0
+        try:
+            return CommandFunction(command, cwd=self.cwd, env=env)()
+        except FailedJobError as err:
+            returncode = getattr(err.__cause__, "returncode", 1)
+            if stopped:
+                raise SystemExit(128 + stopped[0]) from None  # no traceback: the job was cancelled
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            _write_usage(job, limit_mb, returncode, stopped)
 
 
-def _pin_to_own_cores(env: dict) -> None:
-    """On the local backend each task keeps to its device's share of the cores (inherited by the script).
+def _own_gpus(env: dict) -> None:
+    """Each task of a multi-task job sees only its own GPU(s): CUDA_VISIBLE_DEVICES (the job's GPUs, set
+    by Slurm or by the local launcher) is sliced by local rank, so rank k's cuda:0 is the job's k-th GPU."""
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    tasks = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    rank = int(env.get("LOCAL_RANK") or 0)
+    if tasks > 1 and len(visible) >= tasks and len(visible) % tasks == 0:
+        per_task = len(visible) // tasks
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * per_task:(rank + 1) * per_task])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _memory_limit_mb(job, env: dict) -> int:
+    """Local backend: this task's share of the job's memory limit, which the launcher decided (0: none)."""
+    if env.get("SUBMITIT_EXECUTOR") != "local":
+        return 0  # Slurm enforces --mem itself
+    try:
+        note = json.loads((Path(job.paths.folder) / f"{job.job_id}_started.json").read_text())
+        total = int(note.get("mem_limit_mb") or 0)
+    except (OSError, ValueError, TypeError):
+        return 0
+    return max(1, total // max(1, job.num_tasks)) if total > 0 else 0
+
+
+def _write_usage(job, limit_mb: int, returncode: int, stopped: list) -> None:
+    """`<job>_<task>_usage.json` beside the logs: the script's peak memory and how it ended (job_outcome reads it)."""
+    try:
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        path = Path(job.paths.folder) / f"{job.job_id}_{job.global_rank}_usage.json"
+        path.write_text(json.dumps({"peak_rss_mb": round(peak_kb / 1024, 1), "mem_limit_mb": limit_mb or None,
+                                    "returncode": returncode, "cancelled": bool(stopped)}))
+    except OSError:
+        pass
+
+
+def _pin_to_own_cores(env: dict) -> int | None:
+    """On the local backend each task keeps to its device's share of the cores (inherited by the script);
+    returns how many it got (None: not pinned).
 
     Task k of a job on the CPU gets cores [k*c, (k+1)*c); on GPU g it gets the g-th slice, so two
     jobs on two GPUs never share a core either.
@@ -47,23 +134,23 @@ def _pin_to_own_cores(env: dict) -> None:
     held = [d for d in env.get(jobenv.DEVICES, "").split(",") if d]
     cpus = jobenv.cpus_per_task(env)
     if not held or not cpus or not hasattr(os, "sched_setaffinity"):
-        return
+        return None
     cores = sorted(os.sched_getaffinity(0))
     local_rank = int(env.get("LOCAL_RANK", "0"))
     gpu_ids = [d[3:] for d in held if d.startswith("gpu")]
-    slot = int(gpu_ids[local_rank]) if gpu_ids and gpu_ids[local_rank].isdigit() else local_rank
+    slot = int(gpu_ids[local_rank]) if local_rank < len(gpu_ids) and gpu_ids[local_rank].isdigit() else local_rank
     mine = cores[slot * cpus:(slot + 1) * cpus] or cores[-cpus:]
     os.sched_setaffinity(0, mine)
-    env.setdefault("OMP_NUM_THREADS", str(len(mine)))
+    return len(mine)
 
 
 class DeviceLockedLocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, whose job controller starts only once the job's devices are free
     (see dlokit.devices). Only how the controller is started differs; submitit does the rest."""
 
-    def __init__(self, folder: Path, need: int, among: list[str], name: str):
+    def __init__(self, folder: Path, need: int, among: list[str], name: str, mem_mb: str = "0"):
         super().__init__(folder=folder)
-        self.need, self.among, self.name = need, among, name
+        self.need, self.among, self.name, self.mem_mb = need, among, name, mem_mb
 
     def _submit_command(self, command: str) -> LocalJob:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -74,7 +161,7 @@ class DeviceLockedLocalExecutor(submitit.LocalExecutor):
                "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
                "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": "", "SUBMITIT_LOCAL_WITH_SHELL": "1"}
         argv = [sys.executable, "-m", "dlokit.device_launcher", "--need", str(self.need), "--among", ",".join(self.among),
-                "--folder", str(self.folder), "--name", self.name, "--",
+                "--folder", str(self.folder), "--name", self.name, "--mem-mb", self.mem_mb, "--",
                 sys.executable, "-m", "submitit.local._local", str(self.folder)]
         with open(self.folder / "launchers.log", "ab") as log:  # anything said before the launcher's own log opens
             # a new session: a Ctrl-C in the notebook does not reach the job
@@ -91,10 +178,23 @@ def _executor(profile: Profile, folder: Path, layout: Layout, spec: JobSpec):
         folder.mkdir(parents=True, exist_ok=True)
         among = devices.machine_devices()
         need = 1 if among == ["cpu"] else layout.n_gpu
-        executor = DeviceLockedLocalExecutor(folder, need=need, among=among, name=spec.name)
+        executor = DeviceLockedLocalExecutor(folder, need=need, among=among, name=spec.name,
+                                             mem_mb=_local_memory(profile, layout))
         executor.update_parameters(timeout_min=layout.time_seconds / 60, tasks_per_node=layout.tasks_per_node,
                                    signal_delay_s=5)
     return executor
+
+
+def _local_memory(profile: Profile, layout: Layout) -> str:
+    """The job's memory limit for the local launcher: MB, "auto" (sized when it starts) or "0" (none)."""
+    mem = str(profile.mem).strip()
+    if mem.lower() == "auto":
+        return "auto"
+    if mem:
+        return str(memory_mb(mem))
+    if profile.mem_per_cpu:
+        return str(memory_mb(profile.mem_per_cpu) * layout.cpus_per_task * layout.tasks)
+    return "0"
 
 
 def new_local_job_id(profile: Profile) -> str:
@@ -105,19 +205,25 @@ def new_local_job_id(profile: Profile) -> str:
             return job_id
 
 
-def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbose: bool = True) -> list[jobs.JobCard]:
+def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbose: bool = True,
+           ignored=()) -> list[jobs.JobCard]:
     """Check every job first (nothing is written if one is wrong), then submit; returns their cards.
 
-    Jobs with the same layout are sent together (a job array on Slurm).
+    Jobs with the same layout are sent together (a job array on Slurm). `ignored`: names of options
+    the caller received but does not know; they are reported with those this backend ignores.
     """
     specs = [specs] if isinstance(specs, JobSpec) else list(specs)
     profile = profile or current_profile()
     layouts = [plan(spec, profile) for spec in specs]
+    _check_scripts(specs)
     if profile.backend == "slurm" and not _have_sbatch():
         raise JobSpecError(f"profile {profile.name!r} submits to Slurm but 'sbatch' is not on PATH here; "
                            "use dlokit.use_profile('local') or run on the cluster's login node")
     if profile.backend == "slurm":
         _check_module_system(specs, profile, verbose)
+        _check_against_cluster(specs, layouts, profile, verbose)
+    if verbose:
+        _note_ignored(specs, profile, ignored)
 
     cards = []
     groups = itertools.groupby(sorted(zip(specs, layouts), key=lambda p: _group_key(*p)), key=lambda p: _group_key(*p))
@@ -171,6 +277,41 @@ def _check_module_system(specs: list[JobSpec], profile: Profile, verbose: bool) 
                            "or submit from the cluster's login node")
 
 
+def _check_scripts(specs: list[JobSpec]) -> None:
+    """Every backend runs the script from the notebook's folder: it must be there now."""
+    for spec in specs:
+        path = Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script
+        if not path.is_file():
+            raise JobSpecError(f"script {spec.script!r} not found (looked for {path}); "
+                               "check the path relative to the notebook's folder")
+
+
+def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile: Profile, verbose: bool) -> None:
+    """Refuse what the cluster could never start (it would stay PENDING); if it cannot be asked, say so."""
+    try:
+        partitions = cluster_limits(profile)
+    except ClusterQueryError as err:
+        if verbose:
+            print(f"note: could not ask the cluster for its limits ({err}); submitting without checking "
+                  "the layout against its nodes")
+        return
+    for spec, layout in zip(specs, layouts):
+        check_fits(spec, profile, layout, partitions)
+
+
+SLURM_ONLY = ("account", "partition", "qos", "constraint", "module")
+
+
+def _note_ignored(specs: list[JobSpec], profile: Profile, ignored) -> None:
+    """One line naming every option that has no effect here (Slurm options on the local backend, unknown ones)."""
+    names = []
+    if profile.backend == "local":
+        names += [f"{key} (Slurm only)" for key in SLURM_ONLY if any(getattr(spec, key) for spec in specs)]
+    names += [f"{key} (unknown)" for key in sorted(ignored)]
+    if names:
+        print(f"note: ignored on profile {profile.name!r}: {', '.join(names)}")
+
+
 def _have_sbatch() -> bool:
     from shutil import which
 
@@ -189,14 +330,12 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
-    if ignored and verbose:
-        print(f"note: ignored options on this kit: {', '.join(sorted(ignored))}")
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
                                   account=account, cpus_per_task=cpus_per_task, exclusive=exclusive)
              for cmd in commands for gpus in gpu_counts]
-    ids = [card.job_id for card in submit(specs, profile, verbose=verbose)]
+    ids = [card.job_id for card in submit(specs, profile, verbose=verbose, ignored=ignored)]
     if wait:
         from .queue import display_slurm_queue
 

@@ -45,3 +45,41 @@ wait_for() {
         sleep 0.1
     done
 }
+
+# (Command substitutions, not `| grep -q`: with pipefail an early grep exit can fail the pipe.)
+ctld_up() { [[ "$(scontrol ping 2>/dev/null)" == *UP* ]]; }
+
+# launch NAME COMMAND...: run in the foreground (-D/-F) in its own session, in the background
+# here. setsid does not fork (we are not a group leader), so $! is the daemon's pid.
+launch() {
+    local name="$1"
+    shift
+    (cd "$STATE_DIR" && exec setsid "$@" </dev/null >>"$LOG/$name.out" 2>&1) &
+    echo "$!" >"$RUN/$name.pid"
+}
+
+# slurmctld recovers its jobs from StateSaveLocation at every start (no -c): a restart loses none.
+launch_slurmctld() { launch slurmctld slurmctld -D -f "$SLURM_CONF"; }
+launch_slurmd() { launch slurmd slurmd -D -N "$(hostname -s)" -f "$SLURM_CONF"; }
+
+# stop_daemon NAME: SIGTERM (slurmctld saves its state), wait up to 5 s, then SIGKILL.
+stop_daemon() {
+    local name="$1" pid i
+    if pid="$(daemon_pid "$name")"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for i in $(seq 50); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+        if alive "$pid"; then
+            log "$name ($pid) ignored SIGTERM, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            for i in $(seq 30); do
+                alive "$pid" || break
+                sleep 0.1
+            done
+        fi
+        log "stopped $name ($pid)"
+    fi
+    rm -f "$RUN/$name.pid"
+}

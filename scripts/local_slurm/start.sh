@@ -11,8 +11,12 @@
 #   log/              <daemon>.log (daemon log files), <daemon>.out (stdout/stderr)
 #   slurmctld/        StateSaveLocation      slurmd/  SlurmdSpoolDir
 #   mysql/            MariaDB datadir        fakegpu/ nvidia0..3 -> /dev/null
-# Node: `hostname -s`, CPUs=8 (more than real, via config_overrides), 4 fake GPUs,
-# partition `gpu`; accounting: munged -> mariadbd -> slurmdbd -> slurmctld -> slurmd.
+# Node: `hostname -s`, CPUs = the cores this process may use (`nproc`, or DLOKIT_SLURM_CPUS), memory
+# 80 % of MemTotal (or DLOKIT_SLURM_MEM_MB), 4 fake GPUs; partition `gpu` (MaxTime 1 day).
+# Memory limits are enforced without cgroups: jobacct_gather samples every task each second and
+# kills a step over its --mem (state OUT_OF_MEMORY, MaxRSS in sacct).
+# Accounting: munged -> mariadbd -> slurmdbd -> slurmctld -> slurmd.
+# Restart one daemon keeping the jobs: scripts/local_slurm/restart.sh [STATE_DIR] [slurmctld|slurmd|...]
 # Ports: DLOKIT_SLURMCTLD_PORT, DLOKIT_SLURMD_PORT, DLOKIT_SLURMDBD_PORT, DLOKIT_MARIADB_PORT.
 #
 # Auth is munge (own key and socket here), not auth/none: slurmctld/slurmd/slurmdbd listen on
@@ -27,8 +31,6 @@ fi
 HERE="$(dirname "${BASH_SOURCE[0]}")"
 source "$HERE/common.sh"
 
-# (Command substitutions, not `| grep -q`: with pipefail an early grep exit can fail the pipe.)
-ctld_up() { [[ "$(scontrol ping 2>/dev/null)" == *UP* ]]; }
 cluster_up() {
     local d
     for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
@@ -79,6 +81,8 @@ fi
 NODE="$(hostname -s)"
 USER_NAME="$(id -un)"
 MEM_MB="${DLOKIT_SLURM_MEM_MB:-$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)}"
+CPUS="${DLOKIT_SLURM_CPUS:-$(nproc)}"
+[[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "DLOKIT_SLURM_CPUS must be a positive integer, not '$CPUS'"
 DB_SOCKET="$RUN/mariadb.sock"
 [[ -s "$ETC/db.pass" ]] || (mkdir -p "$ETC" && umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$ETC/db.pass")
 DB_PASS="$(cat "$ETC/db.pass")"
@@ -117,7 +121,8 @@ SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=256
+# A job without --mem gets its CPUs' share of the node's memory (an --exclusive job: all of it).
+DefMemPerCPU=$((MEM_MB / CPUS))
 # Make time limits and cleanup bite fast (tests).
 KillWait=2
 OverTimeLimit=0
@@ -129,10 +134,13 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
+# No cgroups here: a step over its memory limit is killed when sampled (every second) -> OUT_OF_MEMORY.
+JobAcctGatherParams=OverMemoryKill
+JobAcctGatherFrequency=task=1
 JobCompType=jobcomp/none
 GresTypes=gpu
-NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 CPUs=8 RealMemory=$MEM_MB Gres=gpu:4 State=UNKNOWN
-PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:4 State=UNKNOWN
+PartitionName=gpu Nodes=$NODE Default=YES MaxTime=1-00:00:00 State=UP
 EOF
 printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/fakegpu/nvidia[0-3]\n' \
     "$NODE" "$STATE_DIR" >"$ETC/gres.conf"
@@ -168,15 +176,6 @@ EOF
 } >"$STATE_DIR/env.sh"
 
 # --- daemons --------------------------------------------------------------------------------
-# launch NAME COMMAND...: run in the foreground (-D/-F) in its own session, in the background
-# here. setsid does not fork (we are not a group leader), so $! is the daemon's pid.
-launch() {
-    local name="$1"
-    shift
-    (cd "$STATE_DIR" && exec setsid "$@" </dev/null >>"$LOG/$name.out" 2>&1) &
-    echo "$!" >"$RUN/$name.pid"
-}
-
 launch munged munged -F --force --key-file="$ETC/munge.key" --socket="$MUNGE_SOCKET" \
     --pid-file="$RUN/munged.pid" --seed-file="$RUN/munged.seed"
 wait_for 10 munged munge -S "$MUNGE_SOCKET" -n
@@ -206,9 +205,9 @@ if ! has_assoc; then # first start of this STATE_DIR
     has_assoc || die "could not create the accounting association for $USER_NAME"
 fi
 
-launch slurmctld slurmctld -D -f "$SLURM_CONF"
+launch_slurmctld
 wait_for 30 slurmctld ctld_up
-launch slurmd slurmd -D -N "$NODE" -f "$SLURM_CONF"
+launch_slurmd
 node_idle() { [[ "$(sinfo -h -n "$NODE" -o %T)" == idle ]]; }
 wait_for 30 "node $NODE to be idle" node_idle
 wait_for 30 sacct sacct -n -X -S now-1minute

@@ -4,28 +4,6 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# stop_daemon NAME: SIGTERM, wait up to 5 s, then SIGKILL.
-stop_daemon() {
-    local name="$1" pid i
-    if pid="$(daemon_pid "$name")"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 50); do
-            alive "$pid" || break
-            sleep 0.1
-        done
-        if alive "$pid"; then
-            log "$name ($pid) ignored SIGTERM, sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            for i in $(seq 30); do
-                alive "$pid" || break
-                sleep 0.1
-            done
-        fi
-        log "stopped $name ($pid)"
-    fi
-    rm -f "$RUN/$name.pid"
-}
-
 # Cancel jobs while slurmctld is still up, so accounting records them as CANCELLED.
 if daemon_pid slurmctld >/dev/null; then
     job_ids="$(squeue -h -o %A 2>/dev/null || true)"
