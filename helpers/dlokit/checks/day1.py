@@ -14,6 +14,7 @@ from dlokit.analysis.table import as_number
 
 from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
 from .records import (compare_text, device_type, factor_words, hardware_words, load_baseline, load_completed,
+                      load_with_optional_baseline,
                       memory_key, observed, on_gpu, ratio)
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -180,13 +181,9 @@ def tf32(baseline_id, tf32_ids):
 def channels_last(job_ids, baseline_id=None):
     """Weights and images in NHWC (observed); with a baseline, the speed effect (GPU tensor cores;
     not applicable on a CPU-only run)."""
-    runs, problem = load_completed(job_ids)
+    runs, base, problem = load_with_optional_baseline(job_ids, baseline_id)
     if problem:
         return problem
-    base = None
-    if baseline_id is not None:
-        base, problem = load_baseline(baseline_id)
-        base = None if problem else base
     details, problems = [], []
     for run in runs:
         seen = observed(run)

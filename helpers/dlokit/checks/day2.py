@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import (compare_text, factor_words, hardware_words, load_baseline, load_completed, observed, on_gpu,
+from .records import (compare_text, factor_words, hardware_words, load_baseline, load_completed,
+                      load_with_optional_baseline, observed, on_gpu,
                       ratio)
 
 BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
@@ -147,13 +148,9 @@ def augmentation(job_ids, baseline_id=None):
     per-image transform (observed `augment`). At least one run must use mixup or cutmix. With a
     baseline, the throughput against it (not applicable on a CPU-only run, where the device and the
     loader workers share the same cores)."""
-    runs, problem = load_completed(job_ids)
+    runs, base, problem = load_with_optional_baseline(job_ids, baseline_id)
     if problem:
         return problem
-    base = None
-    if baseline_id is not None:
-        base, problem = load_baseline(baseline_id)
-        base = None if problem else base
     details, problems = [], []
     for run in runs:
         seen, asked = observed(run), _asked_augmentations(run)

@@ -78,6 +78,16 @@ def load_baseline(job_id) -> tuple[object, CheckResult | None]:
     return run, failed(f"baseline: {problem}") if problem else None
 
 
+def load_with_optional_baseline(job_ids, baseline_id=None):
+    """(runs, baseline run or None, problem): the judged runs must be complete; a baseline that is not
+    usable only drops the comparison."""
+    runs, problem = load_completed(job_ids)
+    if problem or baseline_id is None:
+        return runs, None, problem
+    base, base_problem = load_baseline(baseline_id)
+    return runs, None if base_problem else base, None
+
+
 def observed(run) -> dict:
     """What the script saw on its first step (run.json, else summary.json); {} when absent."""
     return run.info.get("observed") or run.summary.get("observed") or {}
