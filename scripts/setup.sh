@@ -35,8 +35,10 @@ stamp=.venv/.dlokit-installed
 wanted=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing pinned Python packages into .venv (torch is large: about a minute)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e '.[notebooks,test]'
+  log=.venv/pip-install.log  # pip's chatter goes here; shown only if the install fails
+  { .venv/bin/python -m pip install -q --upgrade pip &&
+    .venv/bin/python -m pip install -q -c constraints.txt -e '.[notebooks,test]'; } >"$log" 2>&1 ||
+    { cat "$log" >&2; echo "setup: pip install failed (log above, also in $log)" >&2; exit 1; }
   echo "$wanted" > "$stamp"
 fi
 echo "setup: ready ($(.venv/bin/python -c 'import torch, dlokit; print("torch", torch.__version__, "| dlokit", dlokit.__version__)'))"
