@@ -452,6 +452,15 @@ class RankWatch:
             self._thread.join(timeout=2 * WATCH_EVERY_S)
 
 
+def leave_now(code: int) -> None:
+    """End the process with `code` once its records are written, skipping the interpreter's teardown:
+    after an aborted process group gloo's threads may still be alive, and tearing Python down under
+    them aborts the process (SIGABRT, "terminate called without an active exception")."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def abort_process_group(device) -> None:
     """Leave the process group without waiting for the other ranks (NCCL: abort its communicators)."""
     if not dist.is_initialized():

@@ -50,7 +50,7 @@ from dlokit.runrecord import shared_run_id
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
 from image_data import ResumableSampler, SyntheticBatches, image_folders
-from instrument import Instrument
+from instrument import Instrument, leave_now
 from train_options import augmentations, parse_args
 
 AMP_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -83,9 +83,9 @@ def main(argv=None) -> int:
     try:
         train(t, ins, start)
     except (torch.OutOfMemoryError, MemoryError) as error:  # recorded, and every other rank stops too: exit 3
-        return ins.out_of_memory(error, batch_size=args.batch_size)
+        leave_now(ins.out_of_memory(error, batch_size=args.batch_size))
     except Exception as error:  # a collective broke because another rank stopped: record its cause, not ours
-        return ins.stopped_by_other_rank(error)
+        leave_now(ins.stopped_by_other_rank(error))
     report(t, ins, start)
     job.destroy_process_group()
     return 0

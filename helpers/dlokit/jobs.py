@@ -459,7 +459,11 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
     peaks = [u["peak_rss_mb"] for u in usage if isinstance(u.get("peak_rss_mb"), (int, float))]
     task_peak = f"peak {max(peaks):.0f} MB (largest process of a task)" if peaks else "peak unknown"
     if card.backend == "slurm":
-        limit = f"its memory request {row['req_mem']}" if row.get("req_mem") else "the memory it was given"
+        # what the job asked for, as submitted (sacct's ReqMem can read oddly, e.g. "16?", before it settles)
+        asked = card.extra.get("mem") or (card.extra.get("mem_per_cpu") and f"{card.extra['mem_per_cpu']} per CPU")
+        if not asked and re.fullmatch(r"\d+(\.\d+)?[KMGT]?[nc]?", str(row.get("req_mem", ""))):
+            asked = row["req_mem"]
+        limit = f"its memory request {asked}" if asked else "the memory it was given"
         where = "use_profile(..., mem='32G') asks for more"
         measured = f"peak {row['peak_mb']:.0f} MB (sacct MaxRSS)" if row.get("peak_mb") else task_peak
     else:

@@ -248,7 +248,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                 command_line=member.command_line, n_gpu=member_layout.n_gpu,
                                 nodes=member_layout.nodes, tasks=member_layout.tasks,
                                 time_seconds=member_layout.time_seconds, runs_dir=str(profile.runs),
-                                submitted_at=time.time())
+                                submitted_at=time.time(),
+                                extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or "")})
             card.save()
             jobs.remember(card, job)
             cards.append(card)
