@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock
 
 from .profiles import Profile, use_profile
 from .submit import gpu_jobs_submitter
@@ -101,10 +104,15 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10) -> 
     """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused)."""
     source_size = max(64, image_size * 5 // 4)  # a little larger than the crop, like ImageNet photos
     folder = REPO / "data" / "generated" / f"shapes-{train_per_class}x{classes}-{source_size}px"
-    if not (folder / "train").is_dir():
-        subprocess.run([sys.executable, str(DATA_MAKER), "--out", str(folder), "--classes", str(classes),
-                        "--train-per-class", str(train_per_class), "--val-per-class", str(max(4, train_per_class // 5)),
-                        "--size", str(source_size)], check=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):  # two notebooks starting together make it once
+        if not (folder / "train").is_dir():
+            partial = folder.with_name(folder.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run([sys.executable, str(DATA_MAKER), "--out", str(partial), "--classes", str(classes),
+                            "--train-per-class", str(train_per_class),
+                            "--val-per-class", str(max(4, train_per_class // 5)), "--size", str(source_size)], check=True)
+            partial.rename(folder)  # complete or absent, never half-written
     return str(folder)
 
 
