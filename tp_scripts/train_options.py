@@ -25,7 +25,7 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
     pass
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_argument per option, grouped by TP
     p = argparse.ArgumentParser(
         prog="train_classifier.py",
         formatter_class=Formatter,

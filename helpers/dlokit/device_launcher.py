@@ -60,7 +60,7 @@ def _memory_limit_mb(wanted: str, queue: DeviceQueue) -> int:
     return int(_available_mb() * AUTO_MEM_FRACTION * share)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv):
     parser = argparse.ArgumentParser(prog="python -m dlokit.device_launcher", description=__doc__.split("\n")[0])
     parser.add_argument("--need", type=int, required=True, help="how many devices the job needs")
     parser.add_argument("--among", required=True, help="comma-separated devices: cpu, or gpu0,gpu1,...")
@@ -69,7 +69,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem-mb", default="0", help="the job's memory limit in MB, 'auto' or 0 (none)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return args
+
+
+def _wait_for_devices(queue: DeviceQueue, waiting: Path) -> float:
+    """Poll until the queue's turn comes and its devices are free; the waiting note says why meanwhile."""
+    submitted = time.time()
+    write_json(waiting, _waiting_note(queue, submitted))
+    last_note = time.time()
+    while not queue.try_acquire():
+        time.sleep(POLL_S)
+        if time.time() - last_note > 2:
+            write_json(waiting, _waiting_note(queue, submitted))
+            last_note = time.time()
+    return time.time() - submitted
+
+
+def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str) -> int:
+    """Wait for the controller; after a cancel, kill what is still running past the grace period."""
+    while True:
+        try:
+            code = child.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if stop_by and time.time() > stop_by[0]:
+                print(f"{time.strftime('%H:%M:%S')} job {name}: tasks still running {GRACE_S:.0f} s after "
+                      "the cancel: killed", flush=True)
+                _kill_group(child.pid)
+        except InterruptedError:
+            continue
+    if stop_by:
+        _kill_group(child.pid)  # a script's own children left behind by a cancel
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    command = args.command
     pid = os.getpid()
     # what this launcher and the controller print goes to a file, never into the notebook cell
     log = open(args.folder / f"{pid}_launcher.log", "ab", buffering=0)
@@ -101,15 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, on_signal)
 
-    submitted = time.time()
-    write_json(waiting, _waiting_note(queue, submitted))
-    last_note = time.time()
-    while not queue.try_acquire():
-        time.sleep(POLL_S)
-        if time.time() - last_note > 2:
-            write_json(waiting, _waiting_note(queue, submitted))
-            last_note = time.time()
-    waited = time.time() - submitted
+    waited = _wait_for_devices(queue, waiting)
     env = {**os.environ, jobenv.DEVICES: ",".join(queue.held), jobenv.LOCK_WAITED_S: f"{waited:.3f}",
            # the controller names its task logs after its parent (this launcher), as under a shell
            "SUBMITIT_LOCAL_WITH_SHELL": "1"}
@@ -125,19 +154,7 @@ def main(argv: list[str] | None = None) -> int:
           f"memory: {memory}", flush=True)
     # its own process group: a cancel can kill whatever the tasks leave behind, and nothing else
     child.append(subprocess.Popen(command, env=env, start_new_session=True))
-    while True:
-        try:
-            code = child[0].wait(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            if stop_by and time.time() > stop_by[0]:
-                print(f"{time.strftime('%H:%M:%S')} job {args.name}: tasks still running {GRACE_S:.0f} s after "
-                      "the cancel: killed", flush=True)
-                _kill_group(child[0].pid)
-        except InterruptedError:
-            continue
-    if stop_by:
-        _kill_group(child[0].pid)  # a script's own children left behind by a cancel
+    code = _run_to_the_end(child[0], stop_by, args.name)
     queue.release()
     return code
 

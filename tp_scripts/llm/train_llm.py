@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     return status
 
 
-def train(args, config, degrees, env, device, recorder) -> int:
+def train(args, config, degrees, env, device, recorder) -> int:  # long: the Day 4 notebook issue splits it
     mode = args.mode
     mesh = make_mesh(mode, degrees, device)
     if mode == "cp" and args.cp_attention == "torch":
