@@ -44,6 +44,10 @@ def _baseline_index(table: pd.DataFrame, metric: str, baseline) -> int | None:
     return matches[0]
 
 
+def _short(text: str, width: int = 24) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir=None) -> Comparison:
     """Compare `metric` (a runs_table column) across runs; ratio = value / baseline's value."""
     table = runs_table(load_runs(runs, runs_dir))
@@ -60,7 +64,7 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
         return Comparison(table, message_figure(notes or ["no runs to compare"], title=metric))
     figure, axes = new_figure(size=(max(5, 1.1 * len(plotted) + 2), 4))
     ax = axes[0, 0]
-    labels = ["\n".join([str(r.run_id)] + [v for v in (r.name, r.state) if isinstance(v, str) and v != "completed"])
+    labels = ["\n".join([str(r.run_id)] + [_short(v) for v in (r.name, r.state) if isinstance(v, str) and v != "completed"])
               for r in plotted.itertuples()]
     colors = ["tab:blue" if i != base else "tab:gray" for i in plotted.index]
     bars = ax.bar(labels, plotted[metric], color=colors,

@@ -39,11 +39,20 @@ def message_figure(lines, title: str | None = None) -> Figure:
     return figure
 
 
+MAX_NOTES = 10
+
+
 def add_notes(figure: Figure, notes: list[str]) -> None:
     """Small text under the plot listing runs left out and why."""
+    if len(notes) > MAX_NOTES:  # a class's folder can hold many broken runs: the plot must keep its room
+        notes = notes[:MAX_NOTES - 1] + [f"… and {len(notes) - MAX_NOTES + 1} more (see the table)"]
     if notes:
+        width, height = figure.get_size_inches()
+        extra = 0.16 * len(notes)  # inches of text: the figure grows instead of squeezing the plot
+        figure.set_size_inches(width, height + extra)
+        share = extra / (height + extra)
         figure.text(0.01, 0.0, "\n".join(notes), fontsize=8, va="bottom", ha="left", color="dimgray")
-        figure.get_layout_engine().set(rect=(0, 0.04 * len(notes), 1, 1 - 0.04 * len(notes)))
+        figure.get_layout_engine().set(rect=(0, share, 1, 1 - share))
 
 
 def figure_png_base64(figure: Figure) -> str:
