@@ -38,7 +38,7 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 
 # this module is re-imported by every spawned worker: keep torch out of the top level so that the
 # environment (OMP_NUM_THREADS ...) and the CPU affinity are in place before torch starts its pools
