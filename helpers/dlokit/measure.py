@@ -83,13 +83,11 @@ class StepClock:
                  overlap: bool | None = None, sync=None, event=None, now=time.perf_counter, max_pending: int = 32):
         cuda = device is not None and getattr(device, "type", str(device)).startswith("cuda")
         self.overlap = cuda if overlap is None else overlap
-        if sync is None:
-            import torch
+        import torch
 
+        if sync is None:
             sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
         if event is None and self.overlap:
-            import torch
-
             event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         self._sync, self._event, self._now = sync, event, now
         self.breakdown_every, self.first_breakdown = max(1, breakdown_every), first_breakdown
