@@ -33,7 +33,7 @@ def training_curves(runs, runs_dir=None):
     figure, axes = new_figure(1, 3, size=(13, 4))
     loss_ax, acc_ax, lr_ax = axes[0]
     for index, run in enumerate(plotted):
-        color, label = f"C{index % 10}", run.label
+        color, label = f"C{index % 10}", run.label + (f" ×{run.world_size} ranks" if run.world_size > 1 else "")
         steps, vals, epochs = run.steps, run.lines("val"), _epoch_steps(run)
         for ax, frame, y, style, suffix in (
                 (loss_ax, steps, "loss", "-", " train"), (loss_ax, vals, "val_loss", "o--", " val"),
