@@ -170,7 +170,7 @@ def test_marker_less_module_kept_twice_is_reported(course):
 
 
 def test_default_pairs_skip_missing_folders(tmp_path):
-    assert DEFAULT_PAIRS == (("tp_scripts/solutions", "tp_scripts"),)
+    assert DEFAULT_PAIRS == (("tp_scripts/solutions", "tp_scripts"), ("tp_scripts/llm/solutions", "tp_scripts/llm"))
     assert default_pairs(tmp_path) == []
     (tmp_path / "notebooks" / "solutions").mkdir(parents=True)
     assert default_pairs(tmp_path) == []  # notebooks are written as given out: only an explicit pair builds them
