@@ -31,7 +31,7 @@ PROBE_MARK = "DLOKIT_PROBE "
 TINY = {"MODEL": "mobilenet_v3_small", "IMAGE_SIZE": 32, "BATCH_SIZE": 8, "STEPS": 4, "TRAIN_PER_CLASS": 8,
         "REFRESH_S": 1, "NICKNAME": "nbtest"}
 DAY1_TINY = {**TINY, "BATCH_SWEEP": [4, 8]}
-DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16}
+DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1}
 
 DAY1_PROBE = """
 import json
@@ -55,6 +55,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "scaling_x": [int(x) for x in measured_line[0].get_xdata()] if measured_line else [],
     "comm_collectives": measured["collective"].tolist() if traces else [],
     "scaling_kind": analysis.scaling_table(ddp_jobs).attrs.get("kind"),
+    "curve_val_acc": analysis.runs_table(curve_jobs)["val_acc"].notna().tolist(),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
 }))
 """
@@ -130,6 +131,7 @@ def check_day2(results, probe, profile, processes):
     assert probe["gpu_counts"] == processes
     assert probe["scaling_x"] == processes
     assert "allreduce" in probe["comm_collectives"]
+    assert probe["curve_val_acc"] == [True, True]  # the curves come from real trainings with validation
 
 
 @pytest.mark.slow
