@@ -44,19 +44,42 @@ def _cluster_env(state_dir: Path) -> dict:
     return {k: v for k, v in exported.items() if os.environ.get(k) != v}
 
 
+def _free_ports_for(nodes: int) -> dict:
+    """Free ports for a cluster: slurmctld, slurmdbd, MariaDB, and one slurmd port per node (consecutive)."""
+    while True:
+        ctld, dbd, db, slurmd = free_ports(4)
+        following = list(range(slurmd + 1, slurmd + nodes))
+        if set(following).isdisjoint({ctld, dbd, db}) and all(_bindable(port) for port in following):
+            return {"DLOKIT_SLURMCTLD_PORT": str(ctld), "DLOKIT_SLURMD_PORT": str(slurmd),
+                    "DLOKIT_SLURMDBD_PORT": str(dbd), "DLOKIT_MARIADB_PORT": str(db)}
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start_cluster(state_dir: Path, nodes: int = 1) -> dict:
+    """scripts/local_slurm/start.sh on free ports (a cluster already running is left alone); its env.sh variables."""
+    if os.environ.get("DLOKIT_SKIP_SLURM"):
+        pytest.skip("DLOKIT_SKIP_SLURM is set")
+    started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), "--nodes", str(nodes), str(state_dir)],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **_free_ports_for(nodes)})
+    if started.returncode:
+        raise RuntimeError(f"local Slurm did not start:\n{started.stdout}\n{started.stderr}")
+    return _cluster_env(state_dir)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """Start the real single-node Slurm (slurmctld, slurmd, slurmdbd + MariaDB, 4 fake GPUs) once."""
-    if os.environ.get("DLOKIT_SKIP_SLURM"):
-        pytest.skip("DLOKIT_SKIP_SLURM is set")
     state_dir = Path(os.environ.get("DLOKIT_TEST_SLURM_DIR") or tmp_path_factory.mktemp("slurm"))
-    names = ("SLURMCTLD", "SLURMD", "SLURMDBD", "MARIADB")  # free ports: a cluster already running is left alone
-    ports = {f"DLOKIT_{name}_PORT": str(port) for name, port in zip(names, free_ports(len(names)))}
-    started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), str(state_dir)],
-                             capture_output=True, text=True, timeout=300, env={**os.environ, **ports})
-    if started.returncode:
-        raise RuntimeError(f"local Slurm did not start:\n{started.stdout}\n{started.stderr}")
-    env = _cluster_env(state_dir)
+    env = _start_cluster(state_dir)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield state_dir
@@ -66,6 +89,25 @@ def slurm_cluster(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def _two_node_cluster(tmp_path_factory):
+    """The real two-node Slurm (start.sh --nodes 2: node1, node2, 4 fake GPUs each), started once, beside the
+    one-node cluster (its own ports and state dir); (state dir, its env.sh variables)."""
+    state_dir = tmp_path_factory.mktemp("slurm2n")
+    env = _start_cluster(state_dir, nodes=2)
+    yield state_dir, env
+    subprocess.run(["bash", str(SLURM_SCRIPTS / "stop.sh"), str(state_dir)], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def slurm_cluster_2n(_two_node_cluster, monkeypatch):
+    """The two-node cluster, for this test: SLURM_CONF points at it (and back at the one-node cluster after)."""
+    state_dir, env = _two_node_cluster
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return state_dir
 
 
 @pytest.fixture(params=["local", "local-slurm"])
@@ -85,3 +127,5 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "slurm_cluster" in item.fixturenames or params.get("backend") == "local-slurm":
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif "slurm_cluster_2n" in item.fixturenames:  # its own cluster: may run beside the one-node tests
+            item.add_marker(pytest.mark.xdist_group("slurm-2n"))

@@ -64,6 +64,14 @@ def _expand_one(name: str) -> list[str]:
     return expanded
 
 
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """This node's task count from Slurm's ``SLURM_TASKS_PER_NODE`` (``4(x2)``, ``2(x2),1``: one entry per node)."""
+    counts = []
+    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", tasks_per_node):
+        counts += [int(count)] * int(repeat or 1)
+    return counts[node_id] if node_id < len(counts) else (counts[0] if counts else 1)
+
+
 def _port_from_job_id(job_id: str | None) -> int:
     digits = re.sub(r"\D", "", job_id or "")
     return 20000 + int(digits) % 20000 if digits else 29500
@@ -105,7 +113,7 @@ def detect(env=None) -> DistEnv:
             rank=int(env["SLURM_PROCID"]),
             local_rank=int(env.get("SLURM_LOCALID", "0")),
             world_size=world,
-            local_world_size=int(re.match(r"\d+", tasks_per_node).group()),
+            local_world_size=tasks_on_node(tasks_per_node, int(env.get("SLURM_NODEID") or 0)),
             master_addr=hosts[0],
             master_port=int(env.get("MASTER_PORT") or _port_from_job_id(env.get("SLURM_JOB_ID"))),
             source="slurm",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Start a real single-node Slurm cluster (Debian slurm 22.05) with accounting, for tests,
-# CI and self-paced learners. Needs root (SlurmUser=root); no systemd used.
-# Usage: scripts/local_slurm/start.sh [STATE_DIR]   then: source STATE_DIR/env.sh; sbatch ...
+# Start a real Slurm cluster (Debian slurm 22.05) with accounting on this machine, one node or
+# several, for tests, CI and self-paced learners. Needs root (SlurmUser=root); no systemd used.
+# Usage: scripts/local_slurm/start.sh [--nodes N] [STATE_DIR]   then: source STATE_DIR/env.sh; sbatch ...
 # Stop:  scripts/local_slurm/stop.sh [STATE_DIR]
 #
 # STATE_DIR (default $DLOKIT_SLURM_DIR, else <repo>/.state/slurm) holds everything:
@@ -16,8 +16,21 @@
 # Memory limits are enforced without cgroups: jobacct_gather samples every task each second and
 # kills a step over its --mem (state OUT_OF_MEMORY, MaxRSS in sacct).
 # Accounting: munged -> mariadbd -> slurmdbd -> slurmctld -> slurmd.
-# Restart one daemon keeping the jobs: scripts/local_slurm/restart.sh [STATE_DIR] [slurmctld|slurmd|...]
+# Restart one daemon keeping the jobs: scripts/local_slurm/restart.sh [STATE_DIR] [slurmctld|slurmd|slurmd:NODE]
 # Ports: DLOKIT_SLURMCTLD_PORT, DLOKIT_SLURMD_PORT, DLOKIT_SLURMDBD_PORT, DLOKIT_MARIADB_PORT.
+#
+# --nodes N (or DLOKIT_SLURM_NODES=N; default 1): N nodes node1..nodeN on this machine, each its own
+# slurmd (Slurm's multiple-slurmd mode, `slurmd -N nodeK`, port DLOKIT_SLURMD_PORT+K-1) with 4 fake
+# GPUs, all in partition `gpu`. Each slurmd runs in its own UTS + mount namespace (`unshare`, needs
+# CAP_SYS_ADMIN): its hostname is nodeK and its /etc/hosts (etc/hosts) maps nodeK to 127.0.1.K, so
+# node names resolve inside jobs like on a real cluster (MASTER_ADDR = the first node's name), and a
+# node's processes are the processes of its namespace (kill_node.sh kills them all: a node that dies).
+# (Plain multiple-slurmd without namespaces gives every node this machine's hostname and node names
+# that do not resolve; it is not offered.) Every node declares all of this machine's cores (they share
+# them) and 80 % of the memory / N. A dead node is detected in seconds (SlurmdTimeout=5, or
+# DLOKIT_SLURMD_TIMEOUT): its jobs end NODE_FAIL with --no-requeue, else Slurm requeues them.
+# Every cluster has one license `machine`: jobs that ask for it (--licenses=machine, profile
+# local-slurm-2n) run one at a time even on different nodes, which share this machine's cores.
 #
 # Auth is munge (own key and socket here), not auth/none: slurmctld/slurmd/slurmdbd listen on
 # all interfaces, and auth/none would let anyone who reaches those ports run jobs as root.
@@ -29,14 +42,32 @@ if [[ "$(id -u)" != 0 ]]; then
     exit 1
 fi
 HERE="$(dirname "${BASH_SOURCE[0]}")"
-source "$HERE/common.sh"
+usage() { sed -n '4,5p' "$0" | sed 's/^# //' >&2; }
+NODES="${DLOKIT_SLURM_NODES:-1}"
+args=()
+while (($#)); do
+    case "$1" in
+    --nodes) NODES="${2:-}"; shift $(($# > 1 ? 2 : 1)) ;;
+    --nodes=*) NODES="${1#--nodes=}"; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "[local_slurm] ERROR: unknown option '$1'" >&2; usage; exit 2 ;;
+    *) args+=("$1"); shift ;;
+    esac
+done
+if [[ ! "$NODES" =~ ^[1-9][0-9]*$ ]] || ((NODES > 64)); then
+    echo "[local_slurm] ERROR: --nodes must be a whole number from 1 to 64, not '$NODES'" >&2
+    exit 2
+fi
+source "$HERE/common.sh" "${args[@]}"
 
 cluster_up() {
     local d
-    for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
+    for d in "${DAEMONS[@]}" $(slurmd_daemons); do daemon_pid "$d" >/dev/null || return 1; done
     ctld_up && sinfo -h >/dev/null 2>&1
 }
 if cluster_up; then
+    running="$(node_names | wc -l)"
+    ((running == NODES)) || die "a cluster of $running node(s) already runs in $STATE_DIR; stop it first (stop.sh)"
     log "already running in $STATE_DIR"
     exit 0
 fi
@@ -51,7 +82,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for port in "$CTLD_PORT" "$SLURMD_PORT" "$DBD_PORT" "$DB_PORT"; do
+for port in "$CTLD_PORT" $(seq "$SLURMD_PORT" $((SLURMD_PORT + NODES - 1))) "$DBD_PORT" "$DB_PORT"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         die "port $port is in use (another cluster?); set DLOKIT_{SLURMCTLD,SLURMD,SLURMDBD,MARIADB}_PORT"
     fi
@@ -77,16 +108,47 @@ if [[ -n "$missing" ]]; then
     policy=""
 fi
 
+if ((NODES > 1)) && ! unshare --uts --mount --propagation private -- true 2>/dev/null; then
+    die "--nodes $NODES gives each node its own hostname with 'unshare --uts --mount', which failed here" \
+        "(it needs CAP_SYS_ADMIN; in a container run it with --privileged or --cap-add SYS_ADMIN)"
+fi
+
 # --- config -------------------------------------------------------------------------------
-NODE="$(hostname -s)"
+HOST="$(hostname -s)"
 USER_NAME="$(id -un)"
-MEM_MB="${DLOKIT_SLURM_MEM_MB:-$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)}"
+MEM_MB="${DLOKIT_SLURM_MEM_MB:-$(awk -v n="$NODES" '/MemTotal/ {print int($2 / 1024 * 0.8 / n)}' /proc/meminfo)}"
 CPUS="${DLOKIT_SLURM_CPUS:-$(nproc)}"
 [[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "DLOKIT_SLURM_CPUS must be a positive integer, not '$CPUS'"
 DB_SOCKET="$RUN/mariadb.sock"
 [[ -s "$ETC/db.pass" ]] || (mkdir -p "$ETC" && umask 077 && od -An -N12 -tx1 /dev/urandom | tr -d ' \n' >"$ETC/db.pass")
 DB_PASS="$(cat "$ETC/db.pass")"
 mkdir -p "$ETC" "$RUN" "$LOG" "$STATE_DIR/slurmctld" "$STATE_DIR/slurmd" "$STATE_DIR/fakegpu"
+if ((NODES == 1)); then
+    NODE_LIST=("$HOST")
+    NODE_SET="$HOST"
+    NODE_LINES="NodeName=$HOST NodeHostname=$HOST NodeAddr=127.0.0.1"
+    SLURMD_FILES="SlurmdSpoolDir=$STATE_DIR/slurmd
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmdLogFile=$LOG/slurmd.log"
+    FAST_NODE_FAILURE=""
+else
+    NODE_LIST=()
+    NODE_LINES=""
+    for k in $(seq "$NODES"); do
+        NODE_LIST+=("node$k")
+        NODE_LINES+="NodeName=node$k NodeHostname=node$k NodeAddr=127.0.1.$k Port=$((SLURMD_PORT + k - 1))"
+        ((k == NODES)) || NODE_LINES+=$'\n'
+    done
+    NODE_SET="node[1-$NODES]"
+    SLURMD_FILES="SlurmdSpoolDir=$STATE_DIR/slurmd/%n
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdLogFile=$LOG/slurmd-%n.log"
+    # A node that stops answering is DOWN within seconds (defaults: minutes): its jobs end or are requeued.
+    FAST_NODE_FAILURE="SlurmdTimeout=${DLOKIT_SLURMD_TIMEOUT:-5}
+MessageTimeout=3"
+    { cat /etc/hosts; for k in $(seq "$NODES"); do echo "127.0.1.$k node$k"; done; } >"$ETC/hosts"
+fi
+printf '%s\n' "${NODE_LIST[@]}" >"$ETC/nodes"
 chmod 755 "$ETC" "$RUN" # non-root clients (sudo users) need slurm.conf and the munge socket
 for i in 0 1 2 3; do ln -sfn /dev/null "$STATE_DIR/fakegpu/nvidia$i"; done
 [[ -s "$ETC/munge.key" ]] || mungekey --create --keyfile="$ETC/munge.key"
@@ -95,20 +157,20 @@ chmod 600 "$ETC/munge.key"
 cat >"$SLURM_CONF" <<EOF
 # Generated by scripts/local_slurm/start.sh -- edits are overwritten.
 ClusterName=dlokit
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire also sets how long a requeued job waits before it may start again (Slurm's default: 120 s)
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 StateSaveLocation=$STATE_DIR/slurmctld
-SlurmdSpoolDir=$STATE_DIR/slurmd
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+$SLURMD_FILES
+$FAST_NODE_FAILURE
 PlugStackConfig=$ETC/plugstack.conf
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
@@ -117,8 +179,8 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 SchedulerType=sched/backfill
-# Try to start batch jobs right at submission (default: within 3 s).
-SchedulerParameters=batch_sched_delay=0
+# Try to start batch jobs right at submission (default: within 3 s); several nodes: backfill every second.
+SchedulerParameters=batch_sched_delay=0${FAST_NODE_FAILURE:+,bf_interval=1}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # A job without --mem gets its CPUs' share of the node's memory (an --exclusive job: all of it).
@@ -138,12 +200,14 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherParams=OverMemoryKill
 JobAcctGatherFrequency=task=1
 JobCompType=jobcomp/none
+Licenses=machine:1
 GresTypes=gpu
-NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:4 State=UNKNOWN
-PartitionName=gpu Nodes=$NODE Default=YES MaxTime=1-00:00:00 State=UP
+NodeName=DEFAULT CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:4 State=UNKNOWN
+$NODE_LINES
+PartitionName=gpu Nodes=$NODE_SET Default=YES MaxTime=1-00:00:00 State=UP
 EOF
 printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/fakegpu/nvidia[0-3]\n' \
-    "$NODE" "$STATE_DIR" >"$ETC/gres.conf"
+    "$NODE_SET" "$STATE_DIR" >"$ETC/gres.conf"
 : >"$ETC/plugstack.conf"
 
 # slurmdbd looks for slurmdbd.conf next to SLURM_CONF; it must be 0600.
@@ -207,9 +271,9 @@ fi
 
 launch_slurmctld
 wait_for 30 slurmctld ctld_up
-launch_slurmd
-node_idle() { [[ "$(sinfo -h -n "$NODE" -o %T)" == idle ]]; }
-wait_for 30 "node $NODE to be idle" node_idle
+for node in "${NODE_LIST[@]}"; do launch_slurmd "$node"; done
+nodes_idle() { [[ "$(sinfo -h -n "$NODE_SET" -o %T)" == idle && "$(sinfo -h -n "$NODE_SET" -o %D)" == "$NODES" ]]; }
+wait_for 30 "node(s) $NODE_SET to be idle" nodes_idle
 wait_for 30 sacct sacct -n -X -S now-1minute
 ready=1
-echo "local Slurm ready: source $STATE_DIR/env.sh (node $NODE idle, partition gpu, sacct works)"
+echo "local Slurm ready: source $STATE_DIR/env.sh (node $NODE_SET idle, partition gpu, sacct works)"

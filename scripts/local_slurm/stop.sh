@@ -17,9 +17,18 @@ if daemon_pid slurmctld >/dev/null; then
     fi
 fi
 
-# slurmd ignores SIGTERM while slurmctld is gone, so stop it first, then the rest backwards.
+# slurmd ignores SIGTERM while slurmctld is gone, so stop every node's first, then the rest backwards.
+for pid_file in "$RUN"/slurmd*.pid; do
+    [[ -e "$pid_file" ]] && stop_daemon "$(basename "$pid_file" .pid)"
+done
 for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
     stop_daemon "${DAEMONS[$i]}"
+done
+# Nodes of a multi-node cluster: whatever is left in a node's namespace (a job step, its tasks).
+for uts_file in "$RUN"/slurmd-*.uts; do
+    [[ -e "$uts_file" ]] || continue
+    kill_namespace "$(cat "$uts_file")" || true
+    rm -f "$uts_file"
 done
 
 # Job steps (slurmstepd, which inherit our SLURM_CONF) outlive slurmd; kill any left over
