@@ -20,12 +20,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tp_scripts" / "llm" / "train_llm.py"
+SCRIPT = ROOT / "tp_scripts" / "llm" / "solutions" / "train_llm.py"
 
 CPU_ROWS = [  # (label, processes, options)
     ("single", 1, ["--mode", "single"]),
     ("ddp", 2, ["--mode", "ddp"]),
+    ("zero1", 2, ["--mode", "zero1"]),
     ("fsdp", 2, ["--mode", "fsdp"]),
+    ("fsdp no-reshard", 2, ["--mode", "fsdp", "--no-reshard-after-forward"]),
     ("fsdp +AC", 2, ["--mode", "fsdp", "--activation-checkpointing"]),
     ("tp-scratch", 2, ["--mode", "tp-scratch"]),
     ("tp (DTensor)", 2, ["--mode", "tp"]),
@@ -45,6 +47,7 @@ def gpu_rows(n_gpus: int):
     fsdp = ["--mode", "fsdp", "--meta-init"]
     return [
         ("ddp bf16-autocast", n_gpus, ["--mode", "ddp"]),
+        ("zero1 bf16-autocast", n_gpus, ["--mode", "zero1"]),
         ("fsdp bf16", n_gpus, fsdp),
         ("fsdp bf16 no-reshard", n_gpus, fsdp + ["--no-reshard-after-forward"]),
         ("fsdp bf16 +compile", n_gpus, fsdp + ["--compile"]),
@@ -127,11 +130,15 @@ def main():
         timeout = 300
     runs_dir = Path(args.runs_dir)
     print(f"train_llm.py {' '.join(common)}")
-    header = f"{'mode':<26}{'procs':>6}{'tokens/s':>12}{'MFU':>8}{'t_step ms':>11}{'mem MiB/rank':>14}{'comm ms':>9}{'idle meas/theory':>20}  status"
+    header = (f"{'mode':<26}{'procs':>6}{'tokens/s':>12}{'MFU':>8}{'t_step ms':>11}{'states MiB':>12}{'act MiB':>9}"
+              f"{'peak MiB':>10}{'comm ms':>9}{'idle meas/theory':>20}  status")
     print(header)
     print("-" * len(header))
     for label, nproc, options in rows:
         s = run_one(label, nproc, options, common, runs_dir, timeout)
+        held = s.get("memory_bytes") or {}
+        states = (sum(held.get(k) or 0 for k in ("params", "grads", "optimizer")) / 2**20) if held else None
+        activations = held.get("activations_peak") and held["activations_peak"] / 2**20
         memory = s.get("gpu_mem_peak_mb") or s.get("host_rss_peak_mb")
         bubble = (f"{s['pp_idle_fraction_measured']:.2f}/{s['pp_idle_fraction_theory']:.2f}"
                   if s.get("pp_idle_fraction_measured") is not None else "-")
@@ -139,10 +146,13 @@ def main():
         status = s.get("status", "?")
         print(f"{label:<26}{nproc:>6}{fmt(s.get('tokens_per_s'), ',.0f'):>12}"
               f"{fmt(s.get('mfu') and 100 * s['mfu'], '.1f'):>8}{fmt(s.get('t_step') and 1000 * s['t_step'], '.1f'):>11}"
-              f"{fmt(memory, ',.0f'):>14}{fmt(comm and 1000 * comm, '.2f'):>9}{bubble:>20}  {status}", flush=True)
+              f"{fmt(states, ',.1f'):>12}{fmt(activations, ',.1f'):>9}{fmt(memory, ',.0f'):>10}"
+              f"{fmt(comm and 1000 * comm, '.2f'):>9}{bubble:>20}  {status}", flush=True)
     print("MFU: % of the GPU's dense peak for the run's arithmetic (bf16, TF32 or fp32; blank on CPU or an unknown "
-          "GPU). mem: peak allocated GPU memory, or peak host RSS on CPU. comm: tp-scratch's all-reduce time per "
-          "step (device clock); for ddp, one all-reduce of all gradients timed alone. idle: the pipeline's idle "
+          "GPU). states: parameters + gradients + optimizer states this rank holds, act: the activations it saved "
+          "(both measured from its tensors, rank 0); peak: peak allocated GPU memory, or peak host RSS on CPU. "
+          "comm: tp-scratch's all-reduce time per step (device clock); for ddp and zero1, one all-reduce of all "
+          "gradients timed alone. idle: the pipeline's idle "
           "fraction of a step, measured (1 - compute time of the busiest rank / step time, in the run's own steps) "
           "vs (p-1)/(v m + p-1).")
 

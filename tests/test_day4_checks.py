@@ -11,7 +11,8 @@ import torch
 
 from dlokit.memory_model import estimate, params_on_rank
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp_scripts" / "llm"))
+LLM = Path(__file__).resolve().parents[1] / "tp_scripts" / "llm"
+sys.path[:0] = [str(LLM / "solutions"), str(LLM)]  # the reference solutions first, then the shared modules
 model_lib = importlib.import_module("model")
 train_llm = importlib.import_module("train_llm")
 
@@ -38,6 +39,8 @@ def test_llama_3b_shape():
     ("pp", 2, ["--microbatches", "3"], "--batch-size 8 is not divisible by --microbatches 3"),
     ("ddp", 3, [], "--batch-size 8 is not divisible by the data-parallel degree 3"),
     ("fsdp", 2, ["--resume"], "--resume needs --checkpoint-dir"),
+    ("hsdp", 2, [], "--mode hsdp needs --dp-replicate >= 2"),
+    ("hsdp", 6, ["--dp-replicate", "4"], "--mode hsdp needs --dp-replicate >= 2"),
 ])
 def test_bad_arguments_are_explained(mode, world, extra, message):
     args = train_llm.parse_args(["--mode", mode, *extra])
@@ -263,9 +266,23 @@ def test_context_parallel_positions_cover_the_sequence_once_and_balance_the_work
     assert len({int(p.sum()) for p in parts}) == 1
 
 
-def test_dispatch_has_one_function_per_mode():
-    parallelize = importlib.import_module("parallelize")
-    assert set(parallelize.MODES) == set(train_llm.MODES)
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_mode_is_a_set_of_degrees_over_the_world(world):
+    """--mode is a shortcut: each names degrees (pp, dp_replicate, dp_shard, cp, tp) whose product is the
+    world size, and the data-parallel strategy they imply."""
+    dims_lib = importlib.import_module("parallel_dims")
+    expected = {"single": None, "ddp": "ddp", "zero1": "zero1", "fsdp": "fsdp", "hsdp": "hsdp", "pp": None,
+                "tp-scratch": None, "tp": None, "fsdp-tp": "fsdp", "cp": "fsdp"}
+    assert set(expected) == set(train_llm.MODES)
+    for mode, data_parallel in expected.items():
+        if mode == "single" or (mode in ("hsdp", "fsdp-tp") and world < 4):
+            continue
+        dims = dims_lib.ParallelDims.for_mode(mode, world)
+        assert dims.world_size == world and dims.data_parallel == data_parallel, (mode, dims)
+    hsdp = dims_lib.ParallelDims.for_mode("hsdp", 4, dp_replicate=2)
+    assert (hsdp.dp_replicate, hsdp.dp_shard, hsdp.dp) == (2, 2, 4)
+    assert train_llm.plan_degrees(train_llm.parse_args(["--mode", "hsdp"]), model_lib.get_config("tiny"), 4).degrees() == {
+        "pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1, "dp": 4, "data_parallel": "hsdp"}
 
 
 # ---- the benchmark reads every rank ----

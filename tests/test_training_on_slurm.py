@@ -47,7 +47,7 @@ def test_image_ddp_as_a_two_task_slurm_job(on_slurm, tiny_images):
 
 
 def test_llm_fsdp_as_a_two_task_slurm_job(on_slurm):
-    command = f"{REPO / 'tp_scripts' / 'llm' / 'train_llm.py'} --mode fsdp --config tiny --steps 3"
+    command = f"{REPO / 'tp_scripts' / 'llm' / 'solutions' / 'train_llm.py'} --mode fsdp --config tiny --steps 3"
     [job_id] = dlokit.gpu_jobs_submitter(command, n_gpu=2, name="fsdp", time_max="00:05:00")
     [outcome] = dlokit.wait(job_id, timeout_s=300)
     assert outcome.state == "COMPLETED", str(outcome)

@@ -37,6 +37,10 @@ CONFIGS = {
     "tiny": LlamaConfig(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256, max_seq_len=64),
     # CPU demos where the loss should visibly fall in a minute.
     "small": LlamaConfig(dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=256, max_seq_len=256),
+    # DDP out of memory, FSDP2 fits (Day 4): ~95 M weights, so model states (16 bytes a weight with AdamW
+    # in fp32: 1.5 GB per DDP rank, half of it per FSDP rank on 2) dwarf the activations of a tiny batch.
+    "oom-demo": LlamaConfig(dim=1024, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=2816, vocab_size=256,
+                            max_seq_len=64),
     # GPT-2-small sized.
     "125m": LlamaConfig(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32_000,
                         max_seq_len=1024, tie_embeddings=True),

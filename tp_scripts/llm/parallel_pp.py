@@ -11,9 +11,19 @@ The bubble, as the idle fraction of a step: (p - 1) / (m + p - 1), or (p - 1) / 
 interleaved (idle over ideal time, the other usual form, is (p - 1) / m).
 
 What a step really did is measured inside the step, on the run's own micro-batches, dtype and clock:
-every forward/backward chunk a stage computes is timed (SectionTimer: CUDA events on a GPU) and
-logged in order, which gives this rank's busy time and the number of micro-batches whose
-activations were alive at once (the activation memory a schedule costs).
+every forward, backward and loss a stage computes is timed (timing.Timeline: CUDA events on a GPU)
+from the step's start, which every stage shares (a barrier), to the end of the last stage (the loss
+all-reduce). That gives the timeline of the step, each rank's busy time and idle fraction
+(1 - busy / span), and the number of micro-batches whose activations were alive at once (the
+activation memory a schedule costs).
+
+Measuring the bubble on CPUs: the formula counts compute only. Each micro-batch also costs a
+send/receive (gloo, through loopback) and the schedule's own Python, about a millisecond, and gloo
+moves the data in a background thread that must get a core: with the tiny model at 16 x 64 tokens a
+micro-batch computes for 1-2 ms and the idle fraction stays near 0.5 whatever m. Give each rank its
+own core (one thread, pinned: bench/pin_rank.py, or the kit's local launcher) and enough tokens per
+micro-batch (32 x 128 per step) and the measured bubble follows (p - 1) / (m + p - 1); the last
+stage (output layer + loss) is the busiest, so the first one idles a little more.
 """
 import copy
 
@@ -23,8 +33,9 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from model import loss_fn
-from timing import SectionTimer
+from timing import Timeline
 
+PHASES = {"F": "fwd", "B": "bwd", "W": "bwd_weight"}
 SCHEDULES = {"naive": ScheduleGPipe, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
              "interleaved": ScheduleInterleaved1F1B}
 
@@ -77,16 +88,18 @@ class Pipeline:
             self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
         else:
             self.schedule = SCHEDULES[schedule_name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
-        self.busy = SectionTimer(device)
+        self.timeline = Timeline(device)
         self.actions = []  # this step's ("F" | "B" | "W", stage, micro-batch), in the order they ran
         for stage in stages:
             self._instrument(stage)
-        compute_loss = self.schedule._compute_loss  # the last stage's loss is compute too
+        maybe_compute_loss = self.schedule._maybe_compute_loss  # the last stage's loss is compute too
 
-        def timed_loss(*args, **kwargs):
-            with self.busy.section():
-                return compute_loss(*args, **kwargs)
-        self.schedule._compute_loss = timed_loss
+        def timed_loss(stage, output, target_mbs, mb_index, *args, **kwargs):
+            if not stage.is_last:
+                return maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs)
+            with self.timeline.section(stage=stage.stage_index, microbatch=mb_index, phase="loss"):
+                return maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs)
+        self.schedule._maybe_compute_loss = timed_loss
 
     def _instrument(self, stage):
         for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"),
@@ -95,7 +108,7 @@ class Pipeline:
 
             def timed(chunk, *args, _original=original, _kind=kind, _stage=stage.stage_index, **kwargs):
                 self.actions.append((_kind, _stage, chunk))
-                with self.busy.section():
+                with self.timeline.section(stage=_stage, microbatch=chunk, phase=PHASES[_kind]):
                     return _original(chunk, *args, **kwargs)
             setattr(stage, name, timed)
 
@@ -104,22 +117,31 @@ class Pipeline:
         losses = []
         args = (inputs,) if 0 in self.ids else ()
         kwargs = {"target": targets, "losses": losses} if self.num_stages - 1 in self.ids else {}
+        # every stage starts the step together: one time origin for all the ranks' timelines
+        dist.barrier(group=self.group)
+        self.timeline.start()
         self.schedule.step(*args, **kwargs)
         # the loss exists on the last stage only: give every rank the same number to log
         loss = torch.stack(losses).mean().detach().float() if losses else torch.zeros((), device=self.device)
-        dist.all_reduce(loss, group=self.group)
+        dist.all_reduce(loss, group=self.group)  # also ends the step together: the last stage has finished
+        self.timeline.stop()
         return loss
 
     def take_stats(self) -> dict:
-        """This step's busy seconds (read after the step's synchronisation), peak micro-batches in
-        flight on this rank (forwarded, not yet backwarded, over all its stages) and the order."""
+        """This step as it ran (read after the step's synchronisation): busy seconds, the step's span
+        (from the common start to the end of the last stage), the idle fraction 1 - busy / span, the peak
+        micro-batches in flight on this rank (forwarded, not yet backwarded, over all its stages), the
+        order, and every forward/backward/loss section with its start and end (seconds from the start)."""
         in_flight = peak = 0
         for kind, _, _ in self.actions:
             in_flight += {"F": 1, "B": -1}.get(kind, 0)
             peak = max(peak, in_flight)
         order = " ".join(f"{kind}{stage}.{chunk}" for kind, stage, chunk in self.actions)
         self.actions = []
-        return {"busy_s": self.busy.take(), "peak_in_flight": peak, "order": order}
+        span, events = self.timeline.take()
+        busy = sum(e["t_end"] - e["t_start"] for e in events)
+        return {"busy_s": busy, "span_s": span, "idle_fraction": 1 - busy / span if span > 0 else None,
+                "peak_in_flight": peak, "order": order, "events": events}
 
     def idle_fraction_theory(self) -> float:
         p, v, m = self.pp_size, self.virtual, self.microbatches

@@ -10,29 +10,29 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 
+def parallelize_sublayer(module, columns, rows, tp_mesh, sequence_parallel=False, extra_inputs=0):
+    """The column linears (`columns`) then the row linear (`rows`) of one sub-layer (attention, feed-forward).
+
+    Without sequence parallelism the sub-layer's input is whole on every rank; its gradient is summed once
+    (one all-reduce) at the sub-layer's input, however many column linears read it. With it, the input arrives
+    split along the sequence: one all-gather in, one reduce-scatter out (the row linear's Shard(1) output).
+    `extra_inputs`: the sub-layer's other positional arguments (attention's rotary tables), left alone."""
+    given = Shard(1) if sequence_parallel else Replicate()
+    others = (None,) * extra_inputs
+    parallelize_module(module, tp_mesh, PrepareModuleInput(
+        input_layouts=(given, *others), desired_input_layouts=(Replicate(), *others), use_local_output=False))
+    plan = {name: ColwiseParallel(input_layouts=Replicate()) for name in columns}
+    plan[rows] = RowwiseParallel(output_layouts=given)
+    parallelize_module(module, tp_mesh, plan)
+    return module
+
+
 def parallelize_tp(model, tp_mesh, sequence_parallel=False):
-    # Outputs of the row-parallel linears: whole (Replicate) or split along the sequence (Shard(1)).
-    between = Shard(1) if sequence_parallel else Replicate()
     for block in model.layers.values():
-        plan = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=between),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=between),
-        }
+        parallelize_sublayer(block.attention, ("wq", "wk", "wv"), "wo", tp_mesh, sequence_parallel, extra_inputs=2)
+        parallelize_sublayer(block.feed_forward, ("w1", "w3"), "w2", tp_mesh, sequence_parallel)
         if sequence_parallel:
-            plan.update({
-                "attention_norm": SequenceParallel(),
-                "ffn_norm": SequenceParallel(),
-                # all-gather the sequence before the column-parallel linears
-                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                desired_input_layouts=(Replicate(), None, None)),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            })
-        parallelize_module(block, tp_mesh, plan)
+            parallelize_module(block, tp_mesh, {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
     if sequence_parallel:
         parallelize_module(model, tp_mesh, {
             # the embedding output is whole on every rank: keep this rank's part of the sequence

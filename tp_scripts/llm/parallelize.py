@@ -1,12 +1,22 @@
-"""From the plain model to the parallel one: one small function per --mode.
+"""From the plain model to the parallel one, from the parallel degrees, in torchtitan's order.
 
-    mesh = make_mesh(mode, degrees, device)
-    parallel = parallelize(model, mode, mesh, args, device)
+    dims = ParallelDims.for_mode(mode, world_size)     # parallel_dims.py
+    mesh = dims.build_mesh(device.type)                # one mesh: pp, dp_replicate, dp_shard, cp, tp
+    parallel = parallelize(model, dims, mesh, args, device)
 
-`parallel` tells the training loop everything that differs between modes: the modules the
-optimizer updates, which slice of the global batch this rank reads, over which group the logged
-loss is averaged, what the gradient norm and the checkpoint must know. The order of the wrappers
-is torchtitan's: tensor parallel -> activation checkpointing -> compile -> FSDP.
+    1. pipeline     this rank's stages of the model (pp)                    parallel_pp.py
+    then on each stage (or the whole model):
+    2. tensor       every block's linears split over tp (DTensor plan, or the from-scratch layers)
+    3. context      attention over the whole sequence from this rank's part (cp)   parallel_cp.py
+    4. activation checkpointing, 5. compile (block by block)                parallel_fsdp.py
+    6. data parallel: FSDP2 over dp_shard (or the cp ranks), HSDP with dp_replicate in front;
+       else DDP over dp_replicate (ZeRO-1 keeps DDP and shards the optimizer: train_llm.py)
+Checkpointing and compiling wrap the blocks TP has already split; FSDP wraps last, so that it
+shards what the others made (DTensor weights included) and all-gathers around compiled blocks.
+
+`parallel` tells the training loop everything that differs: the modules the optimizer updates,
+which slice of the global batch this rank reads, over which groups the logged loss is averaged,
+what the gradient norm and the checkpoint must know.
 """
 from __future__ import annotations
 
@@ -16,18 +26,16 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from parallel_cp import ContextParallel, context_parallel_region
 from parallel_ddp import parallelize_ddp
-from parallel_fsdp import apply_activation_checkpointing, apply_compile, parallelize_fsdp
+from parallel_dims import ParallelDims
+from parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
 from parallel_pp import Pipeline, merged_view
 from parallel_tp_dtensor import parallelize_tp
 from parallel_tp_scratch import parallelize_tp_scratch
 from timing import SectionTimer
-
-# modes whose weights are sharded by FSDP: they can be built on the meta device
-FSDP_MODES = ("fsdp", "fsdp-tp", "cp")
 
 
 def _whole(inputs, targets):
@@ -40,121 +48,82 @@ class Parallel:
     checkpoint_module: torch.nn.Module     # what the checkpoint saves (full-model parameter names)
     data_rank: int = 0                     # this rank reads part data_rank of data_size of the global batch
     data_size: int = 1
-    loss_group: object = None              # the logged loss is averaged over this group
+    loss_groups: list = field(default_factory=list)  # the logged loss is averaged over each of them
+    dp_group: object = None                # DDP's replicas (ZeRO-1 shards its optimizer over them)
     tp_group: object = None                # grad norm: parameters split by hand over it (tp-scratch)
     pp_group: object = None                # grad norm: stages hold disjoint parameters
     split_mesh: DeviceMesh | None = None   # checkpoint: the mesh tp_shard_dim parameters are split over
     pipeline: Pipeline | None = None
     comm: SectionTimer | None = None       # time in the collectives this code issues itself (tp-scratch)
     fsdp_casts: bool = False               # FSDP computes in --dtype itself (no autocast then)
+    fsdp_reduce_op: str | None = None      # how FSDP averages gradients: "avg" or "sum" (then divides)
     prepare: Callable = _whole             # (inputs, targets) -> (model args, model kwargs, targets)
     context: Callable = field(default=lambda inputs, targets: nullcontext())
 
 
-def make_mesh(mode: str, degrees: dict, device) -> DeviceMesh | None:
-    if mode in ("single", "ddp"):
-        return None
-    if mode == "fsdp-tp":
-        return init_device_mesh(device.type, (degrees["dp"], degrees["tp"]), mesh_dim_names=("dp", "tp"))
-    name = {"fsdp": "dp", "tp-scratch": "tp", "tp": "tp", "pp": "pp", "cp": "cp"}[mode]
-    return init_device_mesh(device.type, (degrees[name],), mesh_dim_names=(name,))
-
-
-def parallelize(model, mode: str, mesh: DeviceMesh | None, args, device) -> Parallel:
-    return MODES[mode](model, mesh, args, device)
-
-
-# ---- helpers shared by the modes ----
-
-def _speedups(module, args):
-    if args.activation_checkpointing:
-        apply_activation_checkpointing(module)
-    if args.compile:
-        apply_compile(module)
-
-
-def _shard(model, dp_mesh, args, device):
-    parallelize_fsdp(model, dp_mesh, param_dtype=args.dtype, reduce_dtype=args.reduce_dtype,
-                     cpu_offload=args.cpu_offload, reshard_after_forward=not args.no_reshard_after_forward)
-    if args.meta_init:  # allocate this rank's shards only, then initialise them
-        model.to_empty(device="cpu" if args.cpu_offload else device)
-        model.init_weights(buffer_device=device)
-
-
-def _group_rank(mesh, dim=None):
-    group = mesh.get_group(dim) if dim is not None else mesh.get_group()
-    return group, dist.get_rank(group), dist.get_world_size(group)
-
-
-# ---- one function per mode ----
-
-def single(model, mesh, args, device):
-    _speedups(model, args)
-    return Parallel(modules=[model], checkpoint_module=model)
-
-
-def ddp(model, mesh, args, device):
-    _speedups(model, args)
-    wrapped = parallelize_ddp(model, device)
-    return Parallel(modules=[wrapped], checkpoint_module=wrapped, data_rank=dist.get_rank(),
-                    data_size=dist.get_world_size(), loss_group=dist.group.WORLD)
-
-
-def fsdp(model, mesh, args, device):
-    _speedups(model, args)
-    _shard(model, mesh, args, device)
-    group, rank, size = _group_rank(mesh)
-    return Parallel(modules=[model], checkpoint_module=model, data_rank=rank, data_size=size,
-                    loss_group=group, fsdp_casts=True)
-
-
-def tp_scratch(model, mesh, args, device):
-    comm = SectionTimer(device)
-    parallelize_tp_scratch(model, mesh.get_group(), timer=comm)
-    _speedups(model, args)
-    # every rank computes the same loss on the same batch: nothing to average
-    return Parallel(modules=[model], checkpoint_module=model, tp_group=mesh.get_group(), split_mesh=mesh,
-                    comm=comm)
-
-
-def tp(model, mesh, args, device):
-    parallelize_tp(model, mesh, sequence_parallel=args.sequence_parallel)
-    _speedups(model, args)
-    return Parallel(modules=[model], checkpoint_module=model)
-
-
-def fsdp_tp(model, mesh, args, device):
-    parallelize_tp(model, mesh["tp"], sequence_parallel=args.sequence_parallel)
-    _speedups(model, args)
-    _shard(model, mesh["dp"], args, device)
-    group, rank, size = _group_rank(mesh, "dp")
-    return Parallel(modules=[model], checkpoint_module=model, data_rank=rank, data_size=size,
-                    loss_group=group, fsdp_casts=True)
-
-
-def pp(model, mesh, args, device):
-    group, rank, size = _group_rank(mesh)
-    virtual = args.pp_virtual if args.pp_schedule == "interleaved" else 1
-    microbatches = 1 if args.pp_schedule == "naive" else args.microbatches
-    pipeline = Pipeline(model, args.pp_schedule, microbatches, rank, size, virtual, device, group)
-    for module in pipeline.modules:
-        _speedups(module, args)
-    return Parallel(modules=pipeline.modules, checkpoint_module=merged_view(pipeline.modules), pp_group=group,
-                    pipeline=pipeline)
-
-
-def cp(model, mesh, args, device):
-    """Every CP rank reads the same batch (data_rank 0 of 1) and keeps its part of the sequence."""
-    group = mesh.get_group()
-    parallel = Parallel(modules=[model], checkpoint_module=model, loss_group=group, fsdp_casts=True)
-    if args.cp_attention == "allgather":
-        parallel.prepare = ContextParallel(model, group, args.seq_len, device).prepare
-    else:  # PyTorch's ring attention shards the batch in place inside its context
-        parallel.context = lambda inputs, targets: context_parallel_region(model, mesh, inputs, targets)
-    _speedups(model, args)
-    _shard(model, mesh, args, device)
+def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device, cp_attention=None) -> Parallel:
+    """cp_attention: the context-parallel attention chosen for this platform (parallel_cp.choose_cp_attention)."""
+    parallel = Parallel(modules=[model], checkpoint_module=model)
+    if dims.has("pp"):
+        apply_pipeline(parallel, model, mesh, args, device)
+    for module in parallel.modules:
+        if dims.has("tp"):
+            apply_tensor_parallel(parallel, module, dims, mesh, args, device)
+        if dims.has("cp"):
+            apply_context_parallel(parallel, module, mesh, args, device, cp_attention)
+        if args.activation_checkpointing:
+            apply_activation_checkpointing(module)
+        if args.compile:
+            apply_compile(module)
+    apply_data_parallel(parallel, dims, mesh, args, device)
     return parallel
 
 
-MODES = {"single": single, "ddp": ddp, "fsdp": fsdp, "tp-scratch": tp_scratch, "tp": tp, "fsdp-tp": fsdp_tp,
-         "pp": pp, "cp": cp}
+def apply_pipeline(parallel, model, mesh, args, device):
+    group = mesh.get_group("pp")
+    virtual = args.pp_virtual if args.pp_schedule == "interleaved" else 1
+    microbatches = 1 if args.pp_schedule == "naive" else args.microbatches
+    pipeline = Pipeline(model, args.pp_schedule, microbatches, dist.get_rank(group), dist.get_world_size(group),
+                        virtual, device, group)
+    parallel.pipeline, parallel.pp_group = pipeline, group
+    parallel.modules, parallel.checkpoint_module = pipeline.modules, merged_view(pipeline.modules)
+
+
+def apply_tensor_parallel(parallel, module, dims, mesh, args, device):
+    tp_mesh = mesh["tp"]
+    if dims.tp_scratch:  # plain tensors holding 1/tp of each weight, all-reduces written by hand
+        parallel.comm = SectionTimer(device)
+        parallelize_tp_scratch(module, tp_mesh.get_group(), timer=parallel.comm)
+        parallel.tp_group, parallel.split_mesh = tp_mesh.get_group(), tp_mesh
+    else:
+        parallelize_tp(module, tp_mesh, sequence_parallel=args.sequence_parallel)
+
+
+def apply_context_parallel(parallel, module, mesh, args, device, attention):
+    """Every CP rank reads the same batch and keeps its part of the sequence."""
+    cp_mesh = mesh["cp"]
+    if attention == "torch":  # PyTorch's ring attention shards the batch in place inside its context
+        parallel.context = lambda inputs, targets: context_parallel_region(module, cp_mesh, inputs, targets)
+    else:  # from scratch: "ring" or "allgather"
+        parallel.prepare = ContextParallel(module, cp_mesh.get_group(), args.seq_len, device, attention).prepare
+
+
+def apply_data_parallel(parallel, dims, mesh, args, device):
+    parallel.data_rank, parallel.data_size = dims.data_parallel_rank(mesh)
+    parallel.loss_groups = dims.loss_groups(mesh)
+    model = parallel.modules[0]
+    if dims.fsdp:
+        fsdp_mesh = dims.fsdp_mesh(mesh)
+        sum_reduction = args.fsdp_reduce_op == "sum" or (args.fsdp_reduce_op == "auto"
+                                                         and not average_is_exact(fsdp_mesh, device))
+        parallelize_fsdp(model, fsdp_mesh, param_dtype=args.dtype, reduce_dtype=args.reduce_dtype,
+                         cpu_offload=args.cpu_offload, reshard_after_forward=not args.no_reshard_after_forward,
+                         sum_reduction=sum_reduction)
+        if args.meta_init:  # allocate this rank's shards only, then initialise them
+            model.to_empty(device="cpu" if args.cpu_offload else device)
+            model.init_weights(buffer_device=device)
+        parallel.fsdp_casts, parallel.fsdp_reduce_op = True, "sum" if sum_reduction else "avg"
+    elif dims.has("dp_replicate"):
+        parallel.dp_group = mesh.get_group("dp_replicate")
+        wrapped = parallelize_ddp(model, device, parallel.dp_group)
+        parallel.modules, parallel.checkpoint_module = [wrapped], wrapped

@@ -11,6 +11,15 @@ collectives included, when not `async_op`) has finished when the call returns: a
         dist.all_reduce(x)
     ...                                # end of the step, after synchronising
     seconds = timer.take()             # the sum since the last take()
+
+`Timeline` keeps each section's start and end instead of their sum, in seconds from a common origin
+(the start of the step), for a timeline drawing of what ran when:
+
+    timeline = Timeline(device)
+    timeline.start()
+    with timeline.section(stage=0, microbatch=3, phase="fwd"):
+        ...
+    span_s, events = timeline.take()   # [{"stage": 0, "microbatch": 3, "phase": "fwd", "t_start": .., "t_end": ..}]
 """
 from __future__ import annotations
 
@@ -56,3 +65,52 @@ class SectionTimer:
         else:
             total, self._host_s = self._host_s, 0.0
         return total
+
+
+class Timeline:
+    """Labelled sections with their start and end, relative to `start()`; read by `take()` after the step
+    (on CUDA the clock is the GPU's: events recorded on the current stream)."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self._origin = self._end = None
+        self._sections: list[tuple[dict, object, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _seconds(self, mark) -> float:
+        if self.cuda:
+            return self._origin.elapsed_time(mark) / 1000.0
+        return mark - self._origin
+
+    def start(self):
+        self._origin, self._end, self._sections = self._now(), None, []
+
+    def stop(self):
+        self._end = self._now()
+
+    @contextmanager
+    def section(self, **labels):
+        began = self._now()
+        try:
+            yield
+        finally:
+            self._sections.append((labels, began, self._now()))
+
+    def take(self) -> tuple[float, list[dict]]:
+        """(seconds from start() to stop(), the sections in the order they began)."""
+        if self._origin is None:
+            return 0.0, []
+        end = self._end if self._end is not None else self._now()
+        if self.cuda:
+            end.synchronize()
+        events = [{**labels, "t_start": self._seconds(began), "t_end": self._seconds(ended)}
+                  for labels, began, ended in self._sections]
+        span = self._seconds(end)
+        self._origin, self._end, self._sections = None, None, []
+        return span, events

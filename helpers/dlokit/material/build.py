@@ -184,6 +184,8 @@ def orphans(solutions, out, outputs: list[Output]) -> list[Path]:
         resolved = path.resolve()
         if resolved in expected or resolved.is_relative_to(solutions) or any(p in SKIPPED for p in path.parts):
             continue
+        if path.parent.resolve() != out.resolve() and (path.parent / "solutions").is_dir():
+            continue  # a nested pair's student folder (tp_scripts/llm): its own build owns it
         if _generated_from(path):
             found.append(path)
     return found

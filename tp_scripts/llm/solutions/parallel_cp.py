@@ -8,13 +8,24 @@ and one late chunk (load balancing).
 
 Attention needs the keys and values of every earlier position, and other ranks hold most of them:
 
-- "allgather" (the default, any device): all-gather K and V over the CP group and attend with a mask
-  built from the global positions; the variant Llama 3 was trained with. Backward sums each rank's
-  gradient of the gathered K/V back to their owner (a reduce-scatter; all-reduce + slice on gloo,
-  which has no reduce-scatter). Memory: the full sequence's K/V, but never the full activations.
+- "ring" (any device, gloo included; written here from scratch): the K/V blocks travel around the ring
+  of CP ranks, one hop per step (send to the next rank, receive from the previous one); after c steps
+  every rank's queries have met every block. Each block's scores are merged into the running result
+  with the online softmax (a running max and a running sum, as in FlashAttention), so no rank ever holds
+  the whole sequence's scores. Backward: autograd sends the blocks' gradients back along the ring.
+  (Real implementations overlap each hop with the block's compute and recompute the blocks in the
+  backward to keep only one in memory; this one keeps them all, for clarity.)
+- "allgather" (any device): all-gather K and V over the CP group and attend with a mask built from
+  the global positions; the variant Llama 3 was trained with. Backward sums each rank's gradient of
+  the gathered K/V back to their owner (a reduce-scatter; all-reduce + slice on gloo, which has no
+  reduce-scatter). Memory: the full sequence's K/V, but never the full activations.
 - "torch" (CUDA): PyTorch's ring attention (torch.distributed.tensor.experimental.context_parallel)
   passes K/V blocks around the ring while it computes. It swaps SDPA's CUDA kernels; it has no CPU
   kernel, so on CPU probe_context_parallel reports why and the run is recorded as skipped.
+- "auto" (the default): "torch" where it runs (probed on a GPU), else "ring"; `choose_cp_attention`
+  says which ran and why.
+
+TP4.5 (the student's TODO): the online-softmax merge of one block into the running result.
 
 The rest of the model works token by token: each rank computes it on its tokens only. The loss is the
 mean over this rank's tokens; every rank holds as many tokens, so the mean over ranks is the mean over
@@ -72,16 +83,88 @@ class AllGatherKVAttention:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
 
-class ContextParallel:
-    """Installs the all-gather attention in every block and cuts batches along the sequence."""
+# ---- ring attention, from scratch ----
 
-    def __init__(self, model, group, seq_len: int, device):
+def _exchange(x, group, shift: int):
+    """Send x to the rank `shift` places further along the ring, receive the same from `shift` places back."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    received = torch.empty_like(x)
+    ops = [dist.P2POp(dist.isend, x.contiguous(), dist.get_global_rank(group, (rank + shift) % size), group),
+           dist.P2POp(dist.irecv, received, dist.get_global_rank(group, (rank - shift) % size), group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return received
+
+
+class _PassAlongRing(torch.autograd.Function):
+    """Forward: this rank's block goes to the next rank, the previous rank's comes in. Backward: the
+    gradient of what came in goes back to the rank it came from."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _exchange(x, group, shift=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, ctx.group, shift=-1), None
+
+
+class RingAttention:
+    """Replaces Attention.attend: this rank's queries against every rank's K/V blocks, one per ring step."""
+
+    def __init__(self, group, q_positions, block_positions):
+        self.group, self.q_positions = group, q_positions
+        self.block_positions = block_positions  # block_positions[r]: the positions rank r holds
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+
+    def __call__(self, q, k, v):
+        repeats = q.shape[1] // k.shape[1]
+        scale = q.shape[-1] ** -0.5
+        kv = torch.stack([k, v])  # one message per hop
+        # running max of the scores, running sum of their exponentials, running (unnormalised) output
+        running_max = torch.full(q.shape[:-1], float("-inf"), device=q.device, dtype=torch.float32)
+        running_sum = torch.zeros_like(running_max)
+        out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        for step in range(self.size):
+            owner = (self.rank - step) % self.size  # the first block is this rank's own: no row is empty
+            k_block, v_block = (t.repeat_interleave(repeats, dim=1) for t in kv)
+            visible = self.block_positions[owner][None, :] <= self.q_positions[:, None]  # causal, global positions
+            scores = (q.float() @ k_block.float().transpose(-1, -2)) * scale
+            scores = scores.masked_fill(~visible, float("-inf"))
+            # >>> SOLUTION TP4.5: merge this block into the running softmax: rescale what was summed so far to the new max
+            block_max = scores.amax(dim=-1)
+            new_max = torch.maximum(running_max, block_max).detach()  # any bound works: the result does not depend on it
+            weights = torch.exp(scores - new_max[..., None])          # masked scores: exp(-inf) = 0
+            rescale = torch.exp(running_max - new_max)                 # 0 on the first block
+            running_sum = running_sum * rescale + weights.sum(dim=-1)
+            out = out * rescale[..., None] + weights @ v_block.float()
+            running_max = new_max
+            # --- STUDENT
+            # weights = torch.softmax(scores, dim=-1).nan_to_num()  # this block's softmax on its own...
+            # running_sum = running_sum + 1
+            # out = out + weights @ v_block.float()               # ...and the blocks averaged: wrong
+            # <<< SOLUTION
+            if step < self.size - 1:
+                kv = _PassAlongRing.apply(kv, self.group)
+        return (out / running_sum[..., None]).to(q.dtype)
+
+
+class ContextParallel:
+    """Installs the ring or all-gather attention in every block and cuts batches along the sequence."""
+
+    def __init__(self, model, group, seq_len: int, device, attention: str = "ring"):
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         self.positions = load_balanced_positions(seq_len, rank, size).to(device)
-        everyone = torch.cat([load_balanced_positions(seq_len, r, size) for r in range(size)]).to(device)
-        attention = AllGatherKVAttention(group, self.positions, everyone)
+        blocks = [load_balanced_positions(seq_len, r, size).to(device) for r in range(size)]
+        if attention == "ring":
+            attend = RingAttention(group, self.positions, blocks)
+        elif attention == "allgather":
+            attend = AllGatherKVAttention(group, self.positions, torch.cat(blocks))
+        else:
+            raise ValueError(f"unknown context-parallel attention {attention!r}; use 'ring' or 'allgather'")
         for block in model.layers.values():
-            block.attention.attend = attention
+            block.attention.attend = attend
 
     def prepare(self, inputs, targets):
         """The whole batch in; this rank's tokens, their positions and their targets out."""
@@ -89,6 +172,19 @@ class ContextParallel:
 
 
 # ---- PyTorch's ring attention (CUDA) ----
+
+def choose_cp_attention(requested: str, cp_mesh, device) -> tuple[str | None, str]:
+    """(the attention that will run, why). "auto": PyTorch's ring where it works, else the one from
+    scratch; "torch" where it does not run: (None, the reason), and the run is skipped."""
+    if requested in ("ring", "allgather"):
+        return requested, "asked for"
+    works, reason = probe_context_parallel(cp_mesh, device)
+    if works:
+        return "torch", "PyTorch's ring attention runs here"
+    if requested == "auto":
+        return "ring", f"{reason}: the ring attention from scratch instead"
+    return None, reason
+
 
 def context_parallel_available():
     try:

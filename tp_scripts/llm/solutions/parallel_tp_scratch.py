@@ -12,6 +12,10 @@ SwiGLU: w1 and w3 column-split, w2 row-split.
 Embedding, norms and output stay replicated: every rank computes them identically.
 A split weight is a plain tensor here, so it carries where it was cut (`tp_shard_dim`): the
 checkpoint saves it at its place in the full weight (checkpoint.py), never as a copy of rank 0's part.
+
+TP4.4 (the student's TODOs): the two all-reduces, g's in the forward and f's in the backward. Without
+them each rank computes with its own part only: `check_tp.py` shows outputs and gradients that differ
+from the single-process layer, and counts the all-reduces each direction really ran.
 """
 import torch
 import torch.distributed as dist
@@ -46,7 +50,11 @@ class CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # >>> SOLUTION TP4.4: each rank's input gradient only counts its own columns: sum them (comm.all_reduce)
         return ctx.comm.all_reduce(grad.clone()), None
+        # --- STUDENT
+        # return grad, None
+        # <<< SOLUTION
 
 
 class ReduceFromTensorParallel(torch.autograd.Function):
@@ -54,7 +62,11 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, comm):
+        # >>> SOLUTION TP4.4: each rank's output is a partial sum over its own rows: add them up (comm.all_reduce)
         return comm.all_reduce(x.clone())
+        # --- STUDENT
+        # return x
+        # <<< SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
@@ -95,18 +107,21 @@ def _copy_input_hook(comm):
     return hook
 
 
+def split_sublayer(module, columns, rows, comm):
+    """The column linears (named in `columns`) and the row linear (`rows`) of one sub-layer, split over
+    comm's group; f on the sub-layer's input, g inside the row linear: one all-reduce each way."""
+    rank, world = dist.get_rank(comm.group), dist.get_world_size(comm.group)
+    for name in columns:
+        setattr(module, name, ColumnParallelLinear(getattr(module, name), rank, world))
+    setattr(module, rows, RowParallelLinear(getattr(module, rows), rank, world, comm))
+    module.register_forward_pre_hook(_copy_input_hook(comm))
+    return module
+
+
 def parallelize_tp_scratch(model, group, timer=None):
     """Split every block's linears over `group`; `timer` (a SectionTimer) times the all-reduces."""
     comm = TensorParallelComm(group, timer)
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
     for block in model.layers.values():
-        attention, mlp = block.attention, block.feed_forward
-        for name in ("wq", "wk", "wv"):
-            setattr(attention, name, ColumnParallelLinear(getattr(attention, name), rank, world))
-        attention.wo = RowParallelLinear(attention.wo, rank, world, comm)
-        for name in ("w1", "w3"):
-            setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), rank, world))
-        mlp.w2 = RowParallelLinear(mlp.w2, rank, world, comm)
-        attention.register_forward_pre_hook(_copy_input_hook(comm))
-        mlp.register_forward_pre_hook(_copy_input_hook(comm))
+        split_sublayer(block.attention, ("wq", "wk", "wv"), "wo", comm)
+        split_sublayer(block.feed_forward, ("w1", "w3"), "w2", comm)
     return model

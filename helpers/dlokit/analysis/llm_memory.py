@@ -1,0 +1,113 @@
+"""Day 4: what each rank holds, modelled (dlokit.memory_model) and measured (train_llm.py's tensors).
+
+    memory_comparison(["1234", "1235", ...])   # one row per run and source (modelled, measured), MiB
+    memory_plot(["1234", "1235", ...])         # per run: a modelled and a measured bar, stacked by category
+
+train_llm.py measures each rank's parameters, gradients, optimizer states and peak saved activations
+from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/memory_meter.py); the busiest
+rank (largest measured total) stands for the run. The model is estimate_for_run() on the run's config.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.run import COMPLETED, load_runs
+from dlokit.memory_model import estimate_for_run
+
+MIB = 1024**2
+CATEGORIES = ("params", "grads", "optimizer", "activations", "gathered")
+COLORS = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green", "activations": "tab:red",
+          "gathered": "tab:gray"}
+LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
+          "activations": "activations (peak saved)", "gathered": "gathered weights (FSDP)"}
+
+
+def mode_label(run) -> str:
+    """'fsdp', 'fsdp no-reshard', 'zero1', 'hsdp 2x2', ... with the options that change memory."""
+    config = run.config
+    label = str(config.get("mode", "?"))
+    if config.get("mode") == "hsdp":
+        label += f" {config.get('dp_replicate')}x{config.get('dp_shard')}"
+    if config.get("no_reshard_after_forward") and config.get("data_parallel") in ("fsdp", "hsdp"):
+        label += " no-reshard"
+    if config.get("activation_checkpointing"):
+        label += " +AC"
+    if config.get("dtype", "fp32") != "fp32":
+        label += f" {config['dtype']}"
+    return f"{label} ×{run.world_size}" if run.world_size > 1 else label
+
+
+def _measured(run) -> dict | None:
+    """The busiest rank's memory_bytes (largest total), in the view's categories."""
+    found = []
+    for rank in run.ranks.values():
+        memory = (rank.get("summary") or {}).get("memory_bytes")
+        if isinstance(memory, dict) and memory.get("params") is not None:
+            row = {"params": memory.get("params"), "grads": memory.get("grads"), "optimizer": memory.get("optimizer"),
+                   "activations": memory.get("activations_peak"), "gathered": memory.get("gathered_params_peak")}
+            found.append({k: float(v or 0) for k, v in row.items()})
+    return max(found, key=lambda row: sum(row.values())) if found else None
+
+
+def _modelled(run) -> dict | None:
+    try:
+        b = estimate_for_run(run.config)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"params": b.weights, "grads": b.gradients, "optimizer": b.optimizer, "activations": b.activations,
+            "gathered": b.gathered}
+
+
+def _states(values: dict) -> float:
+    return values["params"] + values["grads"] + values["optimizer"]
+
+
+def memory_comparison(runs, runs_dir=None) -> pd.DataFrame:
+    """Per run, two rows (source 'modelled' and 'measured') of MiB per rank by category, the total, and
+    on the measured row the ratio measured / modelled of the model states (params + grads + optimizer)."""
+    rows = []
+    for run in load_runs(runs, runs_dir):
+        measured, modelled = _measured(run), _modelled(run)
+        base = {"run_id": run.run_id, "mode": mode_label(run), "world_size": run.world_size, "state": run.state}
+        for source, values in (("modelled", modelled), ("measured", measured)):
+            row = {**base, "source": source, **{c: (values[c] / MIB if values else None) for c in CATEGORIES}}
+            row["total"] = sum(row[c] for c in CATEGORIES) if values else None
+            rows.append(row)
+        rows[-1]["states_ratio"] = _states(measured) / _states(modelled) if measured and modelled else None
+    columns = ["run_id", "mode", "world_size", "state", "source", *CATEGORIES, "total", "states_ratio"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def memory_plot(runs, runs_dir=None):
+    """Grouped bars, one group per run: modelled and measured MiB per rank, stacked by category."""
+    table = memory_comparison(runs, runs_dir)
+    shown = table.groupby("run_id", sort=False).filter(lambda g: g["total"].notna().all())
+    notes = [f"run {r.run_id} ({r.mode}): {r.state}, no memory measured" for r in
+             table[table["source"] == "measured"].itertuples() if pd.isna(r.total)]
+    notes += [f"run {r.run_id}: {r.state}" for r in table[table["source"] == "measured"].itertuples()
+              if r.state != COMPLETED and pd.notna(r.total)]
+    if shown.empty:
+        return message_figure(notes or ["no runs"], title="memory per rank: modelled vs measured")
+    figure, axes = new_figure(size=(max(6.0, 1.6 * shown["run_id"].nunique() + 2), 4.5))
+    ax = axes[0, 0]
+    ticks, names = [], []
+    for group, (run_id, rows) in enumerate(shown.groupby("run_id", sort=False)):
+        for offset, source in ((-0.2, "modelled"), (0.2, "measured")):
+            row = rows[rows["source"] == source].iloc[0]
+            bottom = 0.0
+            for category in CATEGORIES:
+                value = row[category] or 0.0
+                ax.bar(group + offset, value, 0.38, bottom=bottom, color=COLORS[category],
+                       hatch="//" if source == "modelled" else None, edgecolor="white",
+                       label=LABELS[category] if group == 0 and source == "measured" else None)
+                bottom += value
+            ax.text(group + offset, bottom, "model" if source == "modelled" else "meas.", ha="center",
+                    va="bottom", fontsize=7)
+        ticks.append(group)
+        names.append(f"{rows['mode'].iloc[0]}\n{run_id}")
+    ax.set_xticks(ticks, names, fontsize=8)
+    ax.set(ylabel="MiB per rank (busiest rank)", title="memory per rank: modelled (hatched) vs measured")
+    ax.legend(fontsize=8)
+    add_notes(figure, notes)
+    return figure

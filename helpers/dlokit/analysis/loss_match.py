@@ -1,0 +1,88 @@
+"""Day 4: parallelism changes the speed, not the maths. Every mode's loss, step by step, against one process.
+
+    loss_match_table(["1235", "1236"], reference="1234")   # max |Δloss| (and Δ gradient norm) per run
+    loss_overlay(["1235", "1236"], reference="1234")       # the curves on the reference's, and |Δloss|
+
+Runs are compared on the steps both logged (train_llm.py logs every step's global-batch loss, and the
+global gradient norm with --grad-norm). Same seed, same global batch, same data: a correct parallel
+run differs from the single process by floating-point reordering only (about 1e-6 in fp32); a wrong
+gradient scaling or a rank reading the wrong slice of the batch shows at once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.llm_memory import mode_label
+from dlokit.analysis.run import load_run, load_runs
+
+TOLERANCE = 1e-3  # |Δloss| below which a run counts as matching (fp32; bf16 runs need ~5e-2)
+
+
+def _by_step(run, column: str) -> pd.Series:
+    steps = run.steps
+    if steps.empty or column not in steps or "step" not in steps:
+        return pd.Series(dtype=float)
+    data = steps[["step", column]].apply(pd.to_numeric, errors="coerce").dropna()
+    return data.drop_duplicates("step", keep="last").set_index("step")[column]
+
+
+def loss_match_table(runs, reference, runs_dir=None, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """One row per run: steps compared, max |Δloss|, max relative Δ of the gradient norm (when both
+    logged it), and `matched` (max |Δloss| <= tolerance over at least one step)."""
+    ref = load_run(reference, runs_dir)
+    ref_loss, ref_norm = _by_step(ref, "loss"), _by_step(ref, "grad_norm")
+    rows = []
+    for run in load_runs(runs, runs_dir):
+        loss, norm = _by_step(run, "loss"), _by_step(run, "grad_norm")
+        common = loss.index.intersection(ref_loss.index)
+        d_loss = (loss[common] - ref_loss[common]).abs()
+        both = norm.index.intersection(ref_norm.index)
+        d_norm = ((norm[both] - ref_norm[both]).abs() / ref_norm[both].abs().clip(lower=1e-12))
+        rows.append({"run_id": run.run_id, "mode": mode_label(run), "world_size": run.world_size, "state": run.state,
+                     "steps_compared": len(common),
+                     "max_abs_dloss": float(d_loss.max()) if len(common) else None,
+                     "max_rel_dgrad_norm": float(d_norm.max()) if len(both) else None,
+                     "matched": bool(len(common)) and float(d_loss.max()) <= tolerance})
+    columns = ["run_id", "mode", "world_size", "state", "steps_compared", "max_abs_dloss", "max_rel_dgrad_norm",
+               "matched"]
+    table = pd.DataFrame(rows, columns=columns)
+    table.attrs.update(reference=ref.run_id, tolerance=tolerance)
+    return table
+
+
+def loss_overlay(runs, reference, runs_dir=None):
+    """Left: every run's loss per step drawn over the reference's (thick grey). Right: |Δloss| per step
+    (log scale), with the matching tolerance."""
+    ref = load_run(reference, runs_dir)
+    ref_loss = _by_step(ref, "loss")
+    runs = load_runs(runs, runs_dir)
+    notes = [r.describe_state() for r in [ref, *runs] if r.state != "completed"]
+    if ref_loss.empty:
+        return message_figure([f"reference {ref.describe_state()}: no loss to compare with", *notes],
+                              title="loss match")
+    figure, axes = new_figure(1, 2, size=(12, 4))
+    curves, deltas = axes[0]
+    curves.plot(ref_loss.index, ref_loss.values, color="0.6", linewidth=5, label=f"{mode_label(ref)} (reference)")
+    for index, run in enumerate(runs):
+        loss = _by_step(run, "loss")
+        if loss.empty:
+            notes.append(f"run {run.run_id}: no loss logged")
+            continue
+        color = f"C{index % 10}"
+        curves.plot(loss.index, loss.values, "o-", color=color, markersize=3, linewidth=1,
+                    label=f"{mode_label(run)} ({run.run_id})")
+        common = loss.index.intersection(ref_loss.index)
+        delta = (loss[common] - ref_loss[common]).abs().to_numpy()
+        deltas.semilogy(common, np.maximum(delta, 1e-9), "o-", color=color, markersize=3)
+    deltas.axhline(TOLERANCE, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {TOLERANCE:g}")
+    curves.set(xlabel="step", ylabel="loss (global batch)", title="loss per step, over one process's")
+    deltas.set(xlabel="step", ylabel="|Δloss| vs reference", title="difference (0 shown as 1e-9)")
+    for ax in (curves, deltas):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    curves.legend(fontsize=7)
+    deltas.legend(fontsize=7)
+    add_notes(figure, notes)
+    return figure

@@ -1,0 +1,142 @@
+"""Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), DDP out of memory where FSDP fits (TP4.2), the
+pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6)."""
+from __future__ import annotations
+
+from .framework import FAILED, PASSED, check, failed, from_parts, part, passed
+from .records import ids, load
+
+SHARDED = 0.75  # a sharded state per rank must be under this share of DDP's (ideal: 1/N, minus unsharded bits)
+
+
+def _memory(run) -> dict | None:
+    """The busiest rank's measured bytes (train_llm.py summary `memory_bytes`)."""
+    found = [(r.get("summary") or {}).get("memory_bytes") for r in run.ranks.values()]
+    found = [m for m in found if isinstance(m, dict) and m.get("params") is not None]
+    return max(found, key=lambda m: sum(float(m.get(k) or 0) for k in ("params", "grads", "optimizer"))) if found else None
+
+
+def _completed(job_ids):
+    runs = []
+    for job_id in ids(job_ids):
+        run, problem = load(job_id)
+        if problem:
+            return runs, failed(problem)
+        runs.append(run)
+    return runs, (None if runs else failed("no job id given: pass the ids the submission cell returned"))
+
+
+@check("TP4.1 memory per rank")
+def sharded_memory(ddp_id, zero1_id, fsdp_id):
+    """Measured from the tensors each rank holds: ZeRO-1 shards the optimizer states (each rank under SHARDED of
+    DDP's), FSDP shards parameters, gradients and optimizer states alike."""
+    runs, problem = _completed([ddp_id, zero1_id, fsdp_id])
+    if problem:
+        return problem
+    ddp, zero1, fsdp = (_memory(r) for r in runs)
+    if None in (ddp, zero1, fsdp):
+        return failed("a run recorded no memory_bytes: were they made by train_llm.py?")
+    ranks = runs[1].world_size
+    details = [f"{name} (run {run.run_id}, {run.world_size} ranks): " + ", ".join(
+        f"{k} {float(m.get(k) or 0) / 2**20:.2f} MiB" for k in ("params", "grads", "optimizer"))
+        for name, run, m in zip(("ddp", "zero1", "fsdp"), runs, (ddp, zero1, fsdp))]
+
+    def share(mine, keys):
+        return sum(float(mine.get(k) or 0) for k in keys) / max(1.0, sum(float(ddp.get(k) or 0) for k in keys))
+
+    zero_share, fsdp_share = share(zero1, ["optimizer"]), share(fsdp, ["params", "grads", "optimizer"])
+    zero = part("ZeRO-1", PASSED if zero_share < SHARDED else FAILED,
+                f"optimizer states per rank: {zero_share:.2f} of DDP's on {ranks} ranks (ideal 1/{ranks})"
+                + ("" if zero_share < SHARDED else " — the optimizer is not sharded: build ZeroRedundancyOptimizer "
+                   "for --mode zero1 (TODO TP4.1 in train_llm.py)"))
+    shard = part("FSDP", PASSED if fsdp_share < SHARDED else FAILED,
+                 f"parameters + gradients + optimizer states per rank: {fsdp_share:.2f} of DDP's (ideal 1/{ranks})")
+    return from_parts([zero, shard], f"ZeRO-1 keeps {zero_share:.2f} of DDP's optimizer states per rank, FSDP "
+                      f"{fsdp_share:.2f} of everything", details)
+
+
+@check("TP4.2 DDP out of memory, FSDP fits")
+def oom_then_fit(ddp_id, fsdp_id):
+    """Under the same memory limit the DDP job ran out of memory (recorded as such) and the FSDP job completed."""
+    (ddp_id,), (fsdp_id,) = ids(ddp_id), ids(fsdp_id)
+    from dlokit.analysis import load_run
+    from dlokit.jobs import job_outcome
+    from dlokit.profiles import current_profile
+
+    ddp, fsdp = (load_run(i, current_profile().runs) for i in (ddp_id, fsdp_id))
+    ddp_state = job_outcome(ddp_id).state
+    details = [f"DDP job {ddp_id}: {ddp_state}, record {ddp.state}", f"FSDP job {fsdp_id}: {job_outcome(fsdp_id).state}, "
+               f"record {fsdp.state}"]
+    if not (ddp.oom or ddp_state == "OUT_OF_MEMORY"):
+        return failed(f"the DDP job {ddp_id} did not run out of memory ({ddp_state}): the limit is too large for this "
+                      "model, or the model too small — use the notebook's OOM_CONFIG and OOM_LIMIT", details)
+    if fsdp.state != "completed":
+        return failed(f"the FSDP job {fsdp_id} did not complete ({fsdp.state}) under the same limit", details)
+    return passed("DDP ran out of memory, FSDP completed under the same limit", details)
+
+
+@check("TP4.3 pipeline bubble")
+def pipeline_bubble(job_ids):
+    """The GPipe runs' measured bubble falls as the micro-batches grow, as (p−1)/(m+p−1) says."""
+    runs, problem = _completed(job_ids)
+    if problem:
+        return problem
+    from dlokit.analysis.pipeline import bubble_table
+
+    table = bubble_table(runs).sort_values("m")
+    details = [f"m={r.m}: measured {r.bubble_measured:.2f}, theory {r.bubble_theory:.2f}" for r in table.itertuples()]
+    if len(table) < 2:
+        return failed("need GPipe runs with at least two micro-batch counts", details)
+    measured = table["bubble_measured"].tolist()
+    if not measured[-1] < measured[0]:
+        return failed(f"the measured bubble did not fall from m={table['m'].iloc[0]} to m={table['m'].iloc[-1]} "
+                      f"({measured[0]:.2f} → {measured[-1]:.2f})", details)
+    return passed(f"the bubble falls from {measured[0]:.2f} (m={table['m'].iloc[0]}) to {measured[-1]:.2f} "
+                  f"(m={table['m'].iloc[-1]})", details)
+
+
+def _self_check(job_id, line_kind: str, todo: str):
+    (job_id,) = ids(job_id)
+    run, problem = load(job_id)
+    if problem:
+        return failed(problem)
+    lines = run.lines(line_kind)
+    details = [f"{r.get('version', r.get('attention', '?'))}: ok {r.get('ok')}, max |Δ| output "
+               f"{r.get('max_abs_diff_output')}" for r in lines.to_dict("records")]
+    if lines.empty:
+        return failed(f"run {run.run_id} recorded no {line_kind} line", details)
+    bad = lines[~lines["ok"].astype(bool)]
+    if len(bad):
+        row = bad.iloc[0].to_dict()
+        return failed(f"{row.get('version', row.get('attention', 'a version'))} does not match the single-process layer "
+                      f"(max |Δ| output {row.get('max_abs_diff_output')}) ({todo})", details)
+    return passed(f"{len(lines)} version(s) match the single-process layer, with the expected collectives", details)
+
+
+@check("TP4.4 tensor parallel")
+def tensor_parallel(job_id):
+    """check_tp.py: each version (from scratch, DTensor, sequence parallel) gives the single-process layer's output
+    and gradients, with one all-reduce per pair of linears each way."""
+    return _self_check(job_id, "tp_check", "TODO TP4.4 in parallel_tp_scratch.py")
+
+
+@check("TP4.5 context parallel")
+def context_parallel(job_id):
+    """check_cp.py: ring attention gives full attention's output and gradients."""
+    return _self_check(job_id, "cp_check", "TODO TP4.5 in parallel_cp.py: the online-softmax merge")
+
+
+@check("TP4.6 loss match")
+def loss_match(job_ids, reference):
+    """Every parallel run's loss matches the single process's, step by step."""
+    from dlokit.analysis.loss_match import loss_match_table
+
+    runs, problem = _completed(list(ids(job_ids)) + list(ids(reference)))
+    if problem:
+        return problem
+    table = loss_match_table(runs[:-1], runs[-1])
+    details = [f"{r.mode} ({r.world_size} ranks): max |Δloss| {r.max_abs_dloss}" for r in table.itertuples()]
+    wrong = table[~table["matched"]]
+    if len(wrong):
+        return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance "
+                      f"{table.attrs['tolerance']})", details)
+    return passed(f"{len(table)} parallel runs match the single process within {table.attrs['tolerance']}", details)
