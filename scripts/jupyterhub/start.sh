@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Start the course's JupyterHub (as root) in the background; returns once it answers.
+# Usage: scripts/jupyterhub/start.sh        then open http://127.0.0.1:8000 ; stop: scripts/jupyterhub/stop.sh
+#
+# Needs scripts/jupyterhub/setup.sh done and a Slurm whose SLURM_CONF is exported (else the local one:
+# source ${DLOKIT_SLURM_DIR:-<repo>/.state/slurm}/env.sh). Settings (environment, defaults in brackets):
+#   DLOKIT_HUB_DIR [<repo>/.state/jupyterhub]   database, cookie secret, pid files, jupyterhub.log
+#   DLOKIT_HUB_VENV [<repo>/.state/jupyterhub/venv]   the environment setup.sh made
+#   DLOKIT_HUB_CONFIG [scripts/jupyterhub/jupyterhub_config.py]
+#   DLOKIT_HUB_IP [127.0.0.1], DLOKIT_HUB_PORT [8000]   the address students open
+#   DLOKIT_HUB_API_PORT [8081], DLOKIT_HUB_PROXY_API_PORT [8001]; DLOKIT_HUB_GROUP [dlokit],
+#   DLOKIT_HUB_ADMINS, DLOKIT_HUB_PROFILE [local-slurm], DLOKIT_HUB_PARTITION, DLOKIT_HUB_RUNTIME:
+#   read by the config file.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/common.sh"
+[[ "$(id -u)" == 0 ]] || die "run as root: the hub checks Unix passwords and submits each server as its student"
+[[ -x "$VENV/bin/jupyterhub" ]] || die "no hub environment in $VENV: run scripts/jupyterhub/setup.sh first"
+[[ -r "$CONFIG" ]] || die "config file $CONFIG not found"
+
+if pid="$(hub_pid)"; then
+    log "already running (pid $pid): $URL"
+    exit 0
+fi
+
+use_slurm
+sinfo -h >/dev/null 2>&1 || die "Slurm does not answer (sinfo failed with SLURM_CONF=$SLURM_CONF)"
+# the students' servers run sbatch/squeue as the students: the cluster's config must be readable by them
+runuser -u nobody -- test -r "$SLURM_CONF" ||
+    die "students cannot read $SLURM_CONF: a folder above it is not world-searchable (chmod o+x)"
+for port in "$PORT" "$API_PORT" "$PROXY_API_PORT"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        die "port $port is in use; set DLOKIT_HUB_PORT / DLOKIT_HUB_API_PORT / DLOKIT_HUB_PROXY_API_PORT"
+    fi
+done
+
+mkdir -p "$HUB_DIR"
+chmod 700 "$HUB_DIR"  # cookie secret, database
+export DLOKIT_HUB_DIR="$HUB_DIR" DLOKIT_HUB_VENV="$VENV" DLOKIT_HUB_PORT="$PORT" DLOKIT_HUB_API_PORT="$API_PORT"
+export DLOKIT_HUB_PROXY_API_PORT="$PROXY_API_PORT" PATH="$VENV/bin:$PATH"
+(cd "$HUB_DIR" && exec setsid "$VENV/bin/jupyterhub" -f "$CONFIG" </dev/null >>"$HUB_LOG" 2>&1) &
+hub=$!
+
+for _ in $(seq 600); do  # 60 s
+    if ! kill -0 "$hub" 2>/dev/null; then
+        tail -n 30 "$HUB_LOG" >&2
+        die "the hub exited (log above, all of it in $HUB_LOG)"
+    fi
+    if "$VENV/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+        "http://127.0.0.1:$PORT/hub/api" 2>/dev/null; then
+        log "JupyterHub ready: $URL (log $HUB_LOG)"
+        exit 0
+    fi
+    sleep 0.1
+done
+tail -n 30 "$HUB_LOG" >&2
+"$HERE/stop.sh"
+die "the hub did not answer within 60 s (log above, all of it in $HUB_LOG)"
