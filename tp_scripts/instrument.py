@@ -7,13 +7,16 @@ shows the training and nothing else.
     ins.observe_once(t, images=..., ...)   # first step only: what really ran -> run.json "observed"
     ins.end_step(step, epoch=..., ...)     # the step's metrics line (on a GPU: once its timing is known)
     ins.event("checkpoint_saved", ...)     # an event line: work done between two steps
+    if ins.checkpoint_due(step): ...       # --checkpoint-on-signal: SIGUSR1/SIGUSR2 came, every rank stops here
     ins.finish(...)                        # summary.json and the closing lines
     return ins.out_of_memory(error, ...)   # a rank ran out of memory: recorded, every rank stops (exit 3)
 
 How a run ends early is recorded too (docs/run-records.md): out of memory (`failed`, `oom: true`, the batch
 size and the peak memory; the other ranks are told through the process group's store and stop at once
 instead of waiting in their next collective until the NCCL timeout), a cancelled job (SIGTERM from
-scancel or torchrun, SIGINT from Ctrl-C: `cancelled`, exit code 128 + the signal's number).
+scancel or torchrun, SIGINT from Ctrl-C: `cancelled`, exit code 128 + the signal's number), a job whose time
+is nearly up (--checkpoint-on-signal: SIGUSR1 or SIGUSR2, Slurm's --signal warning: a checkpoint at the next
+step boundary, `checkpointed`, exit code 75 = run me again with --resume).
 
 Timing keeps the CPU/GPU overlap that Day 1 teaches (dlokit.measure.StepClock): on a GPU, an ordinary
 step is timed as a whole with CUDA events and costs no synchronisation; the phase split (data, h2d,
@@ -36,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dlokit.energy import HostEnergyMeter, process_started_unix
 from dlokit.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.runrecord import RunRecorder
 
@@ -46,6 +50,8 @@ TIMING_WARMUP_STEPS = 2  # left out of the averages: first steps pay for allocat
 SPLITS = ("data", "h2d", "augment", "forward", "backward", "optimizer", "metrics")
 POWER_SAMPLE_S = 0.2     # NVML power readings are themselves averages: no need to ask more often
 OOM_EXIT_CODE = 3        # as tp_scripts/llm/train_llm.py
+REQUEUE_EXIT_CODE = 75   # checkpointed on a signal: run me again with --resume (EX_TEMPFAIL, "try again later")
+CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal; USR2 is also submitit's
 STOPPED_EXIT_CODE = 1    # this rank stopped because another one failed
 WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note in the process group's store
 ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
@@ -66,6 +72,7 @@ class Instrument:
         self.warmup_until = start_step + TIMING_WARMUP_STEPS
         self.clock = StepClock(device, breakdown_every=breakdown_every, first_breakdown=self.warmup_until + 1)
         self.energy = EnergyMeter(device)
+        self.host_energy = HostEnergyMeter()  # RAPL, where the host lets us read it
         self.observed = None
         self.timed: list[dict] = []
         self.first_load = None
@@ -81,6 +88,8 @@ class Instrument:
         self._watch, self._signals = None, {}
         self._watch = RankWatch(self) if dist.is_initialized() and world_size > 1 else None
         self._signals = install_cancel_handlers(self)
+        self.on_signal = (CheckpointOnSignal(self, margin=1 + int(config.get("metric_step") or 1))
+                          if config.get("checkpoint_on_signal") else None)
 
     # ---- the step ---------------------------------------------------------------------------------
 
@@ -237,7 +246,7 @@ class Instrument:
             "throughput_train": samples / pace if timed else None,
             "throughput_compute": samples / t_step if timed else None,
             "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device), "host_rss_peak_mb": peak_rss_mb(),
-            **self.energy.summary(),
+            **self.energy.summary(), **self.host_energy.summary(), "process_started_unix": process_started_unix(),
             "train_loss": self.last_metrics.get("loss"),
             **extra,
             "observed": self.observed,
@@ -329,6 +338,25 @@ class Instrument:
         tell_other_ranks(_store(), {"rank": self.rank, "status": "cancelled", "reason": f"was cancelled ({name})",
                                     "exit_code": 128 + signum}, wait_for=0)
 
+    def checkpoint_due(self, step: int) -> bool:
+        """--checkpoint-on-signal: a SIGUSR1/SIGUSR2 came (the job's time is nearly up) and every rank has agreed
+        to save at this step boundary. Call it on every rank after every step."""
+        return self.on_signal is not None and self.on_signal.due(step)
+
+    def checkpointed(self, **extra) -> int:
+        """The checkpoint the signal asked for is saved: summary 'checkpointed' (with `signal`), the process group
+        left. Returns the exit code, REQUEUE_EXIT_CODE: the kit's job then requeues itself and resumes."""
+        name = self.on_signal.received
+        if not self._ended:
+            self.record.log("event", event="checkpointed_on_signal", signal=name, step=self.steps_done)
+        self.finish(status="checkpointed", signal=name, steps=self.steps_done, **extra)
+        for signum in CHECKPOINT_SIGNALS:  # a late second warning must not kill the process on its way out
+            signal.signal(signum, signal.SIG_IGN)
+        self.say(f"checkpointed on {name} at step {self.steps_done}: exit code {REQUEUE_EXIT_CODE}, run again "
+                 "with --resume (a job submitted by dlokit.race requeues itself and resumes from here)")
+        abort_process_group(self.device)
+        return REQUEUE_EXIT_CODE
+
     def _claim_end(self) -> bool:
         """True for the first way out only (the record is finished once)."""
         with self._ending:
@@ -337,7 +365,8 @@ class Instrument:
 
     def _early_summary(self) -> dict:
         return {"steps": self.steps_done, "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device),
-                "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(),
+                "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(), **self.host_energy.summary(),
+                "process_started_unix": process_started_unix(),
                 "train_loss": self.last_metrics.get("loss"), "observed": self.observed}
 
     def stop_watching(self, wait: bool = True) -> None:
@@ -501,6 +530,58 @@ def install_cancel_handlers(ins) -> dict:
     for signum in (signal.SIGTERM, signal.SIGINT):
         replaced[signum] = signal.signal(signum, handler)
     return replaced
+
+
+# ---- a job whose time is nearly up (--checkpoint-on-signal) ------------------------------------------------
+
+class CheckpointOnSignal:
+    """SIGUSR1 or SIGUSR2 (Slurm's `--signal` warning before the time limit, or the kit's job forwarding it) asks
+    for a checkpoint at a step boundary. The save is a collective (every rank hands its random state to rank 0),
+    so every rank must stop at the same step, although maybe only one got the signal. They agree through the
+    process group's store, never waiting there (a rank waiting in the store would block the others in their
+    next all-reduce): a rank that sees the request posts the step it is at; once every rank has posted, each one
+    stops at the furthest posted step + `margin`. Ranks are within `margin` steps of each other because the
+    host waits for an all-reduce every --metric-step steps. One store look per step, no device synchronisation.
+    Forked DataLoader workers inherit the handler and ignore the signal."""
+
+    def __init__(self, ins, margin: int):
+        self.ins, self.margin = ins, margin
+        self.received, self.stop_at, self._announced, self._posted = None, None, False, False
+        owner = os.getpid()
+
+        def handler(signum, _frame):
+            if os.getpid() == owner:
+                self.received = self.received or signal.Signals(signum).name
+
+        if threading.current_thread() is threading.main_thread():
+            for signum in CHECKPOINT_SIGNALS:
+                ins._signals[signum] = signal.signal(signum, handler)
+
+    def due(self, step: int) -> bool:
+        if self.stop_at is None:
+            store = _store()
+            if store is None:
+                self.stop_at = step if self.received else None
+            else:
+                self.stop_at = self._agree(store, step)
+        return self.stop_at is not None and step >= self.stop_at
+
+    def _agree(self, store, step: int) -> int | None:
+        key = f"dlokit/checkpoint/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        world = self.ins.world_size
+        if self.received and not self._announced:
+            store.set(key, self.received)
+            self._announced = True
+        if not self._posted:
+            if not store.check([key]):
+                return None
+            store.set(f"{key}/step{self.ins.rank}", str(step))
+            store.add(f"{key}/posted", 1)
+            self._posted = True
+        if store.add(f"{key}/posted", 0) < world:
+            return None
+        self.received = self.received or store.get(key).decode()
+        return max(int(store.get(f"{key}/step{rank}")) for rank in range(world)) + self.margin
 
 
 def _test_oom_step(rank: int) -> int | None:

@@ -1,6 +1,6 @@
 """Run the course notebooks headless (papermill) and keep the executed notebooks and their plots.
 
-    python -m dlokit.course --out output                       # every day, on the reference solutions
+    python -m dlokit.course --out output                       # every day, then the race, on the reference solutions
     python -m dlokit.course --out output --student             # on the student scripts (TODOs undone)
     python -m dlokit.course --out output notebooks/day1_single_gpu.ipynb -p PROFILE local-slurm
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb"))
+DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb")) + [REPO / "notebooks" / "race.ipynb"]  # the race last
 SOLUTION_SCRIPTS = "../tp_scripts/solutions"  # the notebooks' SCRIPTS parameter, relative to notebooks/
 
 
@@ -84,7 +84,7 @@ def _known(parameters: dict, notebook: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.course", description=__doc__.split("\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/day*.ipynb")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/day*.ipynb, then race.ipynb")
     parser.add_argument("--out", type=Path, default=REPO / "output")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="notebook parameter (JSON value or string), e.g. -p PROFILE local-slurm")

@@ -357,10 +357,12 @@ DISK_FULL = ("No space left on device", "Disk quota exceeded", "the disk is full
 ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
 
 
-def job_outcome(job_id: str) -> Outcome:
+def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
     """How a job stands or ended, with the cause of a failure: the script's own error message (argparse's
-    `error:` line, not its usage block) or the last traceback lines; memory and disk named when they ran out."""
-    card = find_card(str(job_id))
+    `error:` line, not its usage block) or the last traceback lines; memory and disk named when they ran out.
+    A race job that requeued itself (dlokit.race) says what each segment did. `log_dir`: another user's job
+    folder (the class report), instead of the current profile's."""
+    card = find_card(str(job_id), log_dir)
     row: dict = {}
     if card.backend == "slurm":
         row = _slurm_row(card)
@@ -388,6 +390,10 @@ def job_outcome(job_id: str) -> Outcome:
         outcome.cause = f"the job reached its time limit ({format_seconds(card.time_seconds)}) and was stopped"
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
+    if card.extra.get("requeue"):  # a race job: checkpointed on a signal, requeued, resumed...
+        from .race.requeue import requeue_note
+
+        outcome.cause = "\n".join(text for text in (outcome.cause, requeue_note(card)) if text)
     return outcome
 
 

@@ -58,6 +58,16 @@ class Profile:
     # shared with the devices still free (measurements run one at a time); "0" = no limit.
     mem: str = ""
     mem_per_cpu: str = ""
+    # the Imagenet Race (dlokit.race): GPUs per run, and its budget in GPU-hours, or in wall-clock minutes
+    # (race_budget_minutes wins when both are set: a scaled-down budget for a local machine)
+    race_gpus: int = 1
+    race_budget_gpu_hours: float = 0.0
+    race_budget_minutes: float = 0.0
+    leaderboard_dir: str = ""  # the race's leaderboard folder, on a shared filesystem; default <runs>/leaderboard
+
+    @property
+    def leaderboard(self) -> Path:
+        return Path(self.leaderboard_dir).expanduser().absolute() if self.leaderboard_dir else self.runs / "leaderboard"
 
     @property
     def logs(self) -> Path:

@@ -150,6 +150,7 @@ class RunRecorder:
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,
             "name": jobenv.job_name(),  # set by the kit's submitter
+            "tag": jobenv.tag(),  # e.g. "TP1.2": gpu_jobs_submitter(..., tag=...)
             "script": script or Path(sys.argv[0]).name,
             "argv": sys.argv[1:],
             "rank": rank,

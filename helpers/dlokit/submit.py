@@ -8,6 +8,7 @@ travel as a list, never through a shell, so quotes, `;`, `$()` or backticks stay
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -206,11 +207,12 @@ def new_local_job_id(profile: Profile) -> str:
 
 
 def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbose: bool = True,
-           ignored=()) -> list[jobs.JobCard]:
+           ignored=(), task_class=ScriptTask) -> list[jobs.JobCard]:
     """Check every job first (nothing is written if one is wrong), then submit; returns their cards.
 
     Jobs with the same layout are sent together (a job array on Slurm). `ignored`: names of options
     the caller received but does not know; they are reported with those this backend ignores.
+    `task_class`: what runs in each task, a ScriptTask (dlokit.race.requeue.RequeueingTask: one that requeues).
     """
     specs = [specs] if isinstance(specs, JobSpec) else list(specs)
     profile = profile or current_profile()
@@ -235,11 +237,11 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
         python = profile.python or sys.executable
         local = profile.backend == "local"
         run_ids = [new_local_job_id(profile) if local else None for _ in members]
-        tasks = [ScriptTask(s.argv, python, os.getcwd(),
+        tasks = [task_class(s.argv, python, os.getcwd(),
                             {**jobenv.task_environment(runs_dir=profile.runs, job_name=s.name, run_id=run_id,
                                                        cpus_per_task=layout.cpus_per_task), **profile.env, **s.env})
                  for (s, _), run_id in zip(members, run_ids)]
-        with executor.batch():
+        with _outside_this_job(), executor.batch():
             submitted = [executor.submit(task) for task in tasks]
         for (member, member_layout), job, run_id in zip(members, submitted, run_ids):
             card = jobs.JobCard(job_id=run_id or str(job.job_id), native_id=str(job.job_id), name=member.name,
@@ -249,7 +251,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                 nodes=member_layout.nodes, tasks=member_layout.tasks,
                                 time_seconds=member_layout.time_seconds, runs_dir=str(profile.runs),
                                 submitted_at=time.time(),
-                                extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or "")})
+                                extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or ""),
+                                       **({"tag": member.env[jobenv.TAG]} if member.env.get(jobenv.TAG) else {})})
             card.save()
             jobs.remember(card, job)
             cards.append(card)
@@ -257,6 +260,21 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                 print(f"submitted {card.job_id} | {member_layout.summary(member.name)}")
                 print(f"    {member.command_line}")
     return cards
+
+
+@contextlib.contextmanager
+def _outside_this_job():
+    """Submit as if from outside any Slurm job. A notebook served from a Slurm job (JupyterHub's
+    SlurmSpawner) has that job's SLURM_* variables, which would leak into the jobs it submits: e.g.
+    SLURM_EXPORT_ENV (set by the spawner's --export) makes their srun pass on none of submitit's
+    variables; SLURM_PROCID/SLURM_STEP_ID make a local job look like an srun task. SLURM_CONF names
+    the cluster, not the job: kept."""
+    saved = {key: os.environ.pop(key) for key in list(os.environ)
+             if key.startswith(("SLURM_", "SLURMD_")) and key != "SLURM_CONF"}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _group_key(spec: JobSpec, layout: Layout):
@@ -321,20 +339,22 @@ def _have_sbatch() -> bool:
 
 def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_gpu_per_task=1,
                        time_max="00:10:00", qos=None, partition=None, constraint=None, cpus_per_task=None,
-                       exclusive=False, account=None, verbose=True, wait=False, refresh_s=5.0,
+                       exclusive=False, account=None, verbose=True, wait=False, refresh_s=5.0, tag=None,
                        **ignored) -> list[str]:
     """Submit one job per (command, GPU count) combination; returns the job ids.
 
     Course-compatible signature: `command_or_list` is a command line such as
     'train_classifier.py --batch-size 64' or a list of them, `n_gpu` an int or a list of ints.
     `wait=True` then shows the live queue of these jobs (dlokit.display_slurm_queue) until they end.
+    `tag` (e.g. "TP1.2") is written into each run record and job card: the class report groups runs by it.
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
-                                  account=account, cpus_per_task=cpus_per_task, exclusive=exclusive)
+                                  account=account, cpus_per_task=cpus_per_task, exclusive=exclusive,
+                                  env={jobenv.TAG: str(tag)} if tag else {})
              for cmd in commands for gpus in gpu_counts]
     ids = [card.job_id for card in submit(specs, profile, verbose=verbose, ignored=ignored)]
     if wait:

@@ -1,0 +1,134 @@
+"""The race form: the choices a student makes, turned into the training script's options.
+
+    form = race_form(day)        # ipywidgets: image size, batch, LR, weight decay, optimiser, schedule, augmentation
+    form                         # shown in the notebook
+    options = form.options()     # ['--image-size', '64', '--batch-size', '16', ...], checked by the script's parser
+
+The optimiser, schedule and augmentation choices are read from the script's own parser
+(tp_scripts/train_options.py), so the form offers exactly what the script accepts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+from pathlib import Path
+
+FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_schedule", "augment")
+
+
+def options_module(script: str | Path):
+    """train_options.py of a training script: beside it, or one folder up (the solution's)."""
+    script = Path(script)
+    for folder in (script.parent, script.parent.parent):
+        path = folder / "train_options.py"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(f"_race_train_options_{abs(hash(path))}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise FileNotFoundError(f"no train_options.py beside {script} or one folder up")
+
+
+def _action(parser: argparse.ArgumentParser, option: str):
+    return next((a for a in parser._actions if option in a.option_strings), None)
+
+
+def choices(parser: argparse.ArgumentParser, option: str) -> tuple:
+    """The values the script accepts for an option ((): it has no such option)."""
+    action = _action(parser, option)
+    return tuple(action.choices or ()) if action is not None else ()
+
+
+def default(parser: argparse.ArgumentParser, option: str, fallback):
+    """The script's own default for an option (`fallback` when it has no such option)."""
+    action = _action(parser, option)
+    return action.default if action is not None and action.default is not None else fallback
+
+
+def race_options(parser: argparse.ArgumentParser, *, image_size: int, batch_size: int, lr: float,
+                 weight_decay: float, optimizer: str | None = None, lr_schedule: str | None = None,
+                 augment=("none",)) -> list[str]:
+    """The script options for these choices; ValueError with the script's own message when it would refuse one."""
+    augment = [augment] if isinstance(augment, str) else list(augment or ["none"])
+    options = ["--image-size", str(int(image_size)), "--batch-size", str(int(batch_size)), "--lr", repr(float(lr)),
+               "--weight-decay", repr(float(weight_decay)), "--augment", ",".join(augment) or "none"]
+    for option, value in (("--optimizer", optimizer), ("--lr-schedule", lr_schedule)):
+        if value is not None:
+            if _action(parser, option) is None:
+                raise ValueError(f"{option} {value}: this training script has no {option} option")
+            options += [option, str(value)]
+    if int(batch_size) < 2 or int(image_size) < 32:
+        raise ValueError("batch size must be at least 2 (BatchNorm) and image size at least 32 px")
+    if not float(lr) > 0 or float(weight_decay) < 0:
+        raise ValueError(f"learning rate must be positive and weight decay not negative (lr {lr}, wd {weight_decay})")
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            parser.parse_args([*options, "--data", "synthetic"])
+    except SystemExit:
+        error = [line for line in messages.getvalue().splitlines() if "error:" in line]
+        raise ValueError(error[-1] if error else messages.getvalue().strip()) from None
+    return options
+
+
+class RaceForm:
+    """The widgets of the race form; `options()` reads them. Shown when it is a cell's value."""
+
+    def __init__(self, parser: argparse.ArgumentParser, augmentations=("none", "randaugment", "mixup", "cutmix"), *,
+                 image_size: int = 64, batch_size: int = 16, lr: float = 0.1, weight_decay: float = 5e-5):
+        import ipywidgets as widgets
+
+        self.parser = parser
+        style = {"description_width": "150px"}
+        optimizers, schedules = choices(parser, "--optimizer"), choices(parser, "--lr-schedule")
+        self.fields = {
+            "image_size": widgets.BoundedIntText(value=image_size, min=32, max=1024, step=16,
+                                                 description="image size (px)", style=style),
+            "batch_size": widgets.BoundedIntText(value=batch_size, min=2, max=65536, description="batch per GPU",
+                                                 style=style),
+            "lr": widgets.FloatLogSlider(value=lr, base=10, min=-5, max=1, step=0.1, description="learning rate",
+                                         readout_format=".1e", style=style),
+            "weight_decay": widgets.FloatText(value=weight_decay, description="weight decay", style=style),
+            "optimizer": widgets.Dropdown(options=optimizers or ["sgd"], value=default(parser, "--optimizer", "sgd"),
+                                          description="optimiser", style=style, disabled=not optimizers),
+            "lr_schedule": widgets.Dropdown(options=schedules or ["onecycle"],
+                                            value=default(parser, "--lr-schedule", "onecycle"),
+                                            description="LR schedule", style=style, disabled=not schedules),
+            "augment": widgets.SelectMultiple(options=list(augmentations), value=["none"],
+                                              description="augmentation", style=style),
+        }
+        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules)}
+        self.message = widgets.HTML()
+        self.box = widgets.VBox([*self.fields.values(), self.message])
+
+    def values(self) -> dict:
+        values = {name: widget.value for name, widget in self.fields.items()}
+        for name, present in self._has.items():
+            if not present:
+                values[name] = None
+        values["augment"] = [a for a in values["augment"] if a != "none" or len(values["augment"]) == 1]
+        return values
+
+    def options(self) -> list[str]:
+        """The script options of the current choices (ValueError, also shown under the form, if refused)."""
+        try:
+            options = race_options(self.parser, **self.values())
+        except ValueError as error:
+            self.message.value = f"<b style='color:#cf222e'>{error}</b>"
+            raise
+        self.message.value = f"<code>{' '.join(options)}</code>"
+        return options
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.box)
+
+
+def race_form(day, **defaults) -> RaceForm:
+    """The form for this day's training script; defaults from the day (image size, batch) unless given."""
+    defaults = {"image_size": day.image_size, "batch_size": day.batch_size, **defaults}
+    module = options_module(day.script)
+    return RaceForm(module.build_parser(), getattr(module, "AUGMENTATIONS", ("none",)), **defaults)
