@@ -9,10 +9,16 @@ random position, scale and angle on a noisy background, so a network trained fro
 the classes in a few epochs on a CPU, while the DataLoader still has to open, decode, crop and
 normalise real JPEG files like it would for ImageNet.
 
+--hard makes a CIFAR-like set instead (square 32 px images by default) that a network does not master
+in a few epochs: classes share shapes, neighbouring classes have overlapping hue ranges, each image
+holds smaller distractor shapes of other classes (sometimes on top of the object) on a noisy gradient
+background, so that batch size and learning rate visibly change the accuracy reached (Day 3).
+
 The output depends only on the options and --seed (every image has its own random stream), so two
 runs write byte-identical files.
 
     python data/make_synthetic_imagenet.py --out data/generated/tiny --classes 10 --train-per-class 50
+    python data/make_synthetic_imagenet.py --out data/generated/hard32 --hard --train-per-class 300
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "stripes", "diamond", "dots")
@@ -95,6 +102,51 @@ def make_image(class_index: int, n_classes: int, size: int, rng: random.Random, 
     return image.filter(ImageFilter.GaussianBlur(rng.uniform(0, 0.8)))
 
 
+def hard_look(index: int, n_classes: int) -> tuple[str, float]:
+    """--hard: half as many shapes as classes, and hues one class apart on the wheel. Classes that share a
+    shape differ in hue by half the wheel; neighbouring hues, which overlap (HARD_HUE_JITTER), differ in
+    shape: only shape and hue together name the class."""
+    n_shapes = min(len(SHAPES), max(2, math.ceil(n_classes / 2)))
+    return SHAPES[index % n_shapes], index / n_classes
+
+
+HARD_HUE_JITTER = 0.07   # of the hue wheel, either way: with 10 classes (0.1 apart) neighbours overlap
+HARD_OVERSAMPLE = 2      # draw at twice the size, then shrink: smooth edges even at 32 px
+
+
+def make_hard_image(class_index: int, n_classes: int, size: int, rng: random.Random, noise: float) -> Image.Image:
+    """A square image: the class's shape (the largest object), one to three smaller distractors of random
+    shapes and hues, some drawn over it, on a two-colour gradient, with Gaussian pixel noise."""
+    canvas = size * HARD_OVERSAMPLE
+    ends = [np.array(colorsys.hsv_to_rgb(rng.random(), rng.uniform(0, 0.5), rng.uniform(0.2, 0.8))) for _ in range(2)]
+    angle = rng.uniform(0, 2 * math.pi)
+    y, x = np.mgrid[0:canvas, 0:canvas] / canvas - 0.5
+    ramp = np.clip(x * math.cos(angle) + y * math.sin(angle) + 0.5, 0, 1)[..., None]
+    image = Image.fromarray((255 * ((1 - ramp) * ends[0] + ramp * ends[1])).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+
+    def shape_at(shape: str, hue: float, radius: float, saturation: float):
+        cx, cy = rng.uniform(radius * 0.6, canvas - radius * 0.6), rng.uniform(radius * 0.6, canvas - radius * 0.6)
+        colour = tuple(int(v * 255) for v in colorsys.hsv_to_rgb(hue % 1.0, saturation, rng.uniform(0.55, 1.0)))
+        draw_shape(draw, shape, cx, cy, radius, rng.uniform(0, 2 * math.pi), colour, rng)
+
+    distractors = [(rng.choice(SHAPES), rng.random(), rng.uniform(0.10, 0.22) * canvas, rng.random() < 0.35)
+                   for _ in range(rng.randint(1, 3))]
+    for shape, hue, radius, on_top in distractors:
+        if not on_top:
+            shape_at(shape, hue, radius, rng.uniform(0.4, 1.0))
+    shape, hue = hard_look(class_index, n_classes)
+    shape_at(shape, hue + rng.uniform(-HARD_HUE_JITTER, HARD_HUE_JITTER), rng.uniform(0.2, 0.34) * canvas,
+             rng.uniform(0.35, 1.0))
+    for shape, hue, radius, on_top in distractors:
+        if on_top:
+            shape_at(shape, hue, radius, rng.uniform(0.4, 1.0))
+    image = image.resize((size, size), Image.LANCZOS)
+    pixels = np.asarray(image, dtype=np.float32)
+    speckle = np.random.default_rng(rng.getrandbits(64)).normal(0, 48 * noise, pixels.shape)
+    return Image.fromarray(np.clip(pixels + speckle, 0, 255).astype(np.uint8))
+
+
 def write_split(root: Path, split: str, n_classes: int, per_class: int, args, progress) -> int:
     written = 0
     if per_class == 0:
@@ -105,7 +157,8 @@ def write_split(root: Path, split: str, n_classes: int, per_class: int, args, pr
         for i in range(per_class):
             # One random stream per image: the file does not depend on the order of generation.
             rng = random.Random(f"{args.seed}/{split}/{c}/{i}")
-            image = make_image(c, n_classes, args.size, rng, args.noise)
+            maker = make_hard_image if args.hard else make_image
+            image = maker(c, n_classes, args.size, rng, args.noise)
             image.save(folder / f"n{c:08d}_{i}.JPEG", format="JPEG", quality=args.quality)
             written += 1
             progress()
@@ -120,14 +173,20 @@ def main(argv=None) -> int:
     parser.add_argument("--classes", type=int, default=10, help="number of classes")
     parser.add_argument("--train-per-class", type=int, default=100, help="training images per class")
     parser.add_argument("--val-per-class", type=int, default=20, help="validation images per class")
-    parser.add_argument("--size", type=int, default=64, help="image width in pixels (height varies by ±30%%)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="image width in pixels (height varies by ±30%%) [default: 64; --hard: 32, square]")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same files")
     parser.add_argument("--noise", type=float, default=0.5, help="amount of pixel noise (0 = clean)")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    parser.add_argument("--hard", action="store_true",
+                        help="a CIFAR-like set that takes real training: shared shapes, overlapping hues, "
+                             "distractor shapes, stronger noise (square images)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     args = parser.parse_args(argv)
     if args.classes < 2 or args.train_per_class < 1 or args.val_per_class < 0:
         parser.error("need --classes >= 2, --train-per-class >= 1 and --val-per-class >= 0")
+    if args.size is None:
+        args.size = 32 if args.hard else 64
     if args.size < 16:
         parser.error("--size must be at least 16 pixels")
 
@@ -149,7 +208,7 @@ def main(argv=None) -> int:
     write_split(root, "val", args.classes, args.val_per_class, args, progress)
     lines = []
     for c in range(args.classes):
-        shape, hue = class_look(c, args.classes)
+        shape, hue = (hard_look if args.hard else class_look)(c, args.classes)
         lines.append(f"n{c:08d}\t{shape}, hue {hue:.2f}")
     (root / "classes.txt").write_text("\n".join(lines) + "\n")
     if not args.quiet:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import os
 import sys
 import warnings
@@ -19,6 +20,11 @@ NO_DATA = ("no data set: pass --data PATH (an ImageNet-layout folder), --data sy
            f"or make one with: {MAKE_DATA} data/generated/tiny")
 MIN_IMAGE_SIZE = 32  # torchvision ImageNet classifiers downsample by 32: smaller inputs leave no features
 AUGMENTATIONS = ("none", "randaugment", "mixup", "cutmix")  # --augment takes one, or several joined by commas
+DATA_FORMATS = ("folder", "webdataset", "raw")  # --data-format (storage_formats.py)
+OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "lion")  # built by optim_setup.py (TP3.1)
+LR_SCHEDULES = ("constant", "onecycle", "cosine")
+LR_SCALINGS = ("none", "linear", "sqrt")
+RESNETS = ("resnet", "resnext", "wide_resnet")  # the models --cifar-stem applies to (conv1 + maxpool)
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -42,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
                    help="ImageNet-layout folder (train/ and val/ with one folder per class), or 'synthetic' "
                         "for random tensors made once on the device: the compute ceiling, no loading at all "
                         "[default: $DLOKIT_DATA]")
+    g.add_argument("--data-format", choices=DATA_FORMATS, default="folder",
+                   help="how --data is stored: folder (JPEG files), webdataset (tar shards) or raw (decoded uint8 "
+                        "arrays, memory-mapped); the last two are made by data/convert_formats.py")
     g.add_argument("--image-size", type=int, default=224, help="training crop in pixels: cost grows with its square")
     g.add_argument("--num-classes", type=int, default=1000, help="classes in --data synthetic (a folder sets its own)")
     g.add_argument("--synthetic-steps", type=int, default=100, help="steps per epoch in --data synthetic")
@@ -52,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
     g.add_argument("--global-batch-size", type=int, default=None,
                    help="alternative to --batch-size: the total per step, split evenly across processes")
     g.add_argument("--epochs", type=int, default=1, help="passes over the training set")
-    g.add_argument("--lr", type=float, default=0.1, help="peak learning rate of the one-cycle schedule")
+    g.add_argument("--lr", type=float, default=0.1,
+                   help="peak learning rate of the schedule, for --base-batch-size images per step when "
+                        "--lr-scaling scales it to the global batch")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     g.add_argument("--weight-decay", type=float, default=5e-5, help="L2 penalty on the weights")
     g.add_argument("--label-smoothing", type=float, default=0.1, help="soften the targets: better calibrated logits")
@@ -69,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
     g.add_argument("--channels-last", action="store_true",
                    help="NHWC memory layout for weights and images: what tensor-core convolutions want")
     g.add_argument("--compile", action="store_true", help="torch.compile the model: fused kernels, slow first steps")
+    g.add_argument("--compile-mode", default=None,
+                   help="torch.compile mode (implies --compile): default, max-autotune-no-cudagraphs, max-autotune, "
+                        "reduce-overhead (CUDA graphs: GPU only) [default: default]")
     g.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its algorithms on the first batches and keep the fastest")
     g.add_argument("--profile", action="store_true",
@@ -105,10 +119,45 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
                    help="DDP: gradients are views into the communication buckets (one copy and one "
                         "gradient-sized buffer less)")
 
+    g = p.add_argument_group("large batches: optimiser, schedule, learning rate (Day 3)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                   help="sgd and adamw from torch; lamb, lars (layer-wise adaptive: large batches) and lion from timm")
+    g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="onecycle",
+                   help="constant, onecycle (rises over the first 30%% or the warm-up, then anneals) or cosine")
+    g.add_argument("--warmup-steps", type=int, default=0,
+                   help="linear warm-up to the peak lr over the first k steps (constant, cosine; onecycle: its rise)")
+    g.add_argument("--warmup-epochs", type=float, default=0,
+                   help="the warm-up in epochs instead of steps (may be a fraction)")
+    g.add_argument("--lr-scaling", choices=LR_SCALINGS, default="none",
+                   help="peak lr = --lr x (global batch / --base-batch-size) (linear) or its square root (sqrt)")
+    g.add_argument("--base-batch-size", type=int, default=256, help="the global batch --lr was tuned for")
+    g.add_argument("--cifar-stem", action="store_true",
+                   help="ResNets on 32 px images: a 3x3 stride-1 first convolution and no max-pool (CIFAR-style), "
+                        "instead of 7x7 stride 2 + pool that leave 8x8 pixels to the first block")
+    g.add_argument("--lr-finder", action="store_true",
+                   help="LR range test instead of training: --lr-finder-trials log-spaced lrs, each trained "
+                        "--lr-finder-steps steps from the same initial weights with a fresh optimiser")
+    g.add_argument("--lr-finder-min", type=float, default=1e-7, help="smallest lr tried")
+    g.add_argument("--lr-finder-max", type=float, default=10.0, help="largest lr tried")
+    g.add_argument("--lr-finder-trials", type=int, default=16, help="learning rates tried, log-spaced")
+    g.add_argument("--lr-finder-steps", type=int, default=8,
+                   help="training steps per trial (the same batches each time)")
+
+    g = p.add_argument_group("results tracking (Day 3)")
+    g.add_argument("--tensorboard", action="store_true",
+                   help="TensorBoard event files in <runs-dir>/<run-id>/tensorboard (rank 0): loss, acc, lr, "
+                        "img/s, val")
+    g.add_argument("--wandb", action="store_true",
+                   help="Weights & Biases, offline (needs the wandb package; sync later with `wandb sync`; "
+                        "a key is only ever read from $WANDB_API_KEY, never from an option)")
+
     g = p.add_argument_group("checkpoints and records")
     g.add_argument("--checkpoint-steps", type=int, default=0, help="save a checkpoint every k steps (0 = never)")
     g.add_argument("--checkpoint-epochs", action="store_true", help="save a checkpoint at the end of each epoch")
     g.add_argument("--checkpoint-path", default=None, help="where to save [default: <runs-dir>/<run-id>/checkpoint.pt]")
+    g.add_argument("--checkpoint-on-signal", action="store_true",
+                   help="on SIGUSR1/SIGUSR2 (Slurm's --signal before the time limit) save a checkpoint at the next "
+                        "step and exit with code 75, to be run again with --resume (dlokit.race jobs requeue)")
     g.add_argument("--resume", default=None, help="checkpoint file (or a run folder holding checkpoint.pt) to continue from")
     g.add_argument("--runs-dir", default=None, help="where run records go [default: $DLOKIT_RUNS_DIR or ./runs]")
     g.add_argument("--print-every", type=int, default=20, help="rank 0 prints a progress line every k steps")
@@ -178,6 +227,51 @@ def check_options(parser, args, world_size: int, cuda_available: bool) -> None:
     if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
         parser.error("--bucket-cap-mb must be positive")
     args.augment = check_augment(parser, args.augment, args.data)
+    check_compile(parser, args, on_gpu)
+    check_large_batch_options(parser, args, world_size)
+
+
+def check_large_batch_options(parser, args, world_size: int) -> None:
+    """Day 3: learning rate, warm-up, LR range test, trackers."""
+    if args.lr <= 0 or args.base_batch_size < 1:
+        parser.error("--lr must be positive and --base-batch-size at least 1")
+    if args.warmup_steps < 0 or args.warmup_epochs < 0:
+        parser.error("--warmup-steps and --warmup-epochs cannot be negative")
+    if args.warmup_steps and args.warmup_epochs:
+        parser.error("give --warmup-steps or --warmup-epochs, not both")
+    if args.cifar_stem and not args.model.startswith(RESNETS):
+        parser.error(f"--cifar-stem replaces a ResNet's first convolution and max-pool; {args.model} is not a ResNet")
+    if args.lr_finder:
+        if world_size > 1:
+            parser.error(f"--lr-finder runs in one process ({world_size} here): every trial restarts from the "
+                         "same weights, there is nothing to share; submit it on one GPU / one task")
+        if not 0 < args.lr_finder_min < args.lr_finder_max:
+            parser.error("--lr-finder-min must be positive and smaller than --lr-finder-max")
+        if args.lr_finder_trials < 2 or args.lr_finder_steps < 1:
+            parser.error("--lr-finder-trials must be at least 2 and --lr-finder-steps at least 1")
+        if args.amp == "fp16":
+            parser.error("--lr-finder runs in fp32 or --amp bf16 (no loss scaling in its trials)")
+    for flag, package, hint in (("--tensorboard", "tensorboard", "pip install tensorboard"),
+                                ("--wandb", "wandb", "pip install wandb; or use --tensorboard")):
+        if getattr(args, flag[2:]) and importlib.util.find_spec(package) is None:
+            parser.error(f"{flag}: the {package} package is not installed in this Python ({hint})")
+
+
+def check_compile(parser, args, on_gpu: bool) -> None:
+    """--compile-mode: a mode torch.compile knows, that this device can run, with a compiler to build it."""
+    from compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
+
+    if args.compile_mode is not None:
+        args.compile = True
+        if args.compile_mode not in compile_modes():
+            parser.error(f"--compile-mode {args.compile_mode}: choose from {', '.join(compile_modes())}")
+        if args.compile_mode in CUDA_GRAPH_MODES and not on_gpu:
+            parser.error(f"--compile-mode {args.compile_mode} uses CUDA graphs: GPU only")
+    if args.compile:
+        args.compile_mode = args.compile_mode or "default"
+        problem = missing_compiler("cuda" if on_gpu else "cpu")
+        if problem:
+            parser.error(f"--compile: {problem}")
 
 
 def augmentations(text: str) -> list[str]:
@@ -211,7 +305,16 @@ def parse_args(argv=None, world_size: int = 1, cuda_available: bool | None = Non
     check_model(parser, args.model, args.image_size)
     if args.data is None:  # neither --data nor $DLOKIT_DATA
         refuse(parser, NO_DATA)
-    if args.data != "synthetic":
+    if args.data == "synthetic" and args.data_format != "folder":
+        parser.error(f"--data-format {args.data_format} reads files: --data synthetic has none")
+    if args.data != "synthetic" and args.data_format != "folder":
+        from storage_formats import DataSetError, check_converted
+
+        try:
+            check_converted(args.data, args.data_format, world_size)
+        except DataSetError as error:
+            refuse(parser, str(error))
+    elif args.data != "synthetic":
         from image_data import DataSetError, check_image_folder
 
         try:

@@ -6,7 +6,10 @@ the functions below, so a script run by hand (no kit) still gets sensible defaul
 """
 from __future__ import annotations
 
+import getpass
 import os
+import re
+import tempfile
 from pathlib import Path
 
 # chosen in the notebook (or the shell) before submitting
@@ -19,6 +22,7 @@ LOCK_DIR = "DLOKIT_LOCK_DIR"        # where the local backend's device locks liv
 RUNS_DIR = "DLOKIT_RUNS_DIR"        # where run records go
 RUN_ID = "DLOKIT_RUN_ID"            # the job id: every rank writes <runs dir>/<run id>/rank<k>/
 JOB_NAME = "DLOKIT_JOB_NAME"        # the job name given in the cell (the student's nickname)
+TAG = "DLOKIT_TAG"                  # what the job is for, e.g. "TP1.2" or "race" (the class report groups by it)
 CPUS_PER_TASK = "DLOKIT_CPUS_PER_TASK"  # cores this task may use (its device's share)
 
 # written by the local backend's device launcher (dlokit.devices)
@@ -28,13 +32,42 @@ LOCK_WAITED_S = "DLOKIT_LOCK_WAITED_S"  # how long the job waited for them
 # read by scripts as a default for --data
 DATA = "DLOKIT_DATA"
 
+# torch.compile's on-disk caches (compiled kernels), one per user: the default /tmp/torchinductor_<user> is
+# one folder for everyone who runs as the same user on a node, and /tmp is wiped between jobs on many clusters
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_CACHE = "TRITON_CACHE_DIR"
+
 
 def task_environment(*, runs_dir: Path, job_name: str, cpus_per_task: int, run_id: str | None = None) -> dict:
     """What the submitter exports to every task of a job."""
-    env = {RUNS_DIR: str(runs_dir), JOB_NAME: job_name, CPUS_PER_TASK: str(cpus_per_task), "PYTHONUNBUFFERED": "1"}
+    env = {RUNS_DIR: str(runs_dir), JOB_NAME: job_name, CPUS_PER_TASK: str(cpus_per_task), "PYTHONUNBUFFERED": "1",
+           **compile_caches()}
     if run_id:
         env[RUN_ID] = run_id
     return env
+
+
+def compile_caches(environ=None) -> dict:
+    """The compiler cache folders of this user's jobs: those already chosen in the environment, else
+    ~/.cache/dlokit/inductor and ~/.cache/dlokit/triton (a profile's `env` may point them elsewhere).
+
+    Importing torch._inductor writes torch's shared default (/tmp/torchinductor_<user>) into the
+    environment of the process: that value does not count as a choice."""
+    environ = os.environ if environ is None else environ
+    root = Path.home() / ".cache" / "dlokit"
+    inductor = environ.get(INDUCTOR_CACHE)
+    if not inductor or os.path.abspath(inductor) == _torch_default_inductor_cache():
+        inductor = str(root / "inductor")
+    return {INDUCTOR_CACHE: inductor, TRITON_CACHE: environ.get(TRITON_CACHE) or str(root / "triton")}
+
+
+def _torch_default_inductor_cache() -> str:
+    """torch._inductor's default cache folder: <tmp>/torchinductor_<user> (cache_dir_utils.default_cache_dir)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def runs_dir(default: str = "runs") -> Path:
@@ -47,6 +80,10 @@ def run_id() -> str | None:
 
 def job_name() -> str | None:
     return os.environ.get(JOB_NAME) or None
+
+
+def tag() -> str | None:
+    return os.environ.get(TAG) or None
 
 
 def cpus_per_task(env=None) -> int | None:

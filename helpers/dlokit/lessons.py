@@ -53,6 +53,11 @@ LESSONS = {
     "find_unused": Lesson(
         "find_unused_parameters costs a graph traversal per step", False,
         "no public figure: the cost grows with the number of autograd nodes", ""),
+    "compile": Lesson(
+        "after a one-off compile time, compiled code runs each step faster (fused kernels, fewer memory trips)", True,
+        "Llama-3.1-8B on 8×H100 with torchtitan: 5,762 tokens/s/GPU eager, 6,667 with torch.compile",
+        "on a CPU inductor fuses elementwise chains into C++ loops, but convolutions stay in the same oneDNN "
+        "kernels: expect a gain on the function, little or none on a CNN's training step"),
     "augment_on_device": Lesson(
         "batched mixup/cutmix on the device costs far less than per-image augmentation in the workers", True,
         "no single public figure: per-image RandAugment cost grows with image size and needs CPU cores per GPU", ""),

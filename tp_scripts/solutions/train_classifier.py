@@ -39,9 +39,16 @@ from dlokit.runrecord import shared_run_id
 # The shared modules live in tp_scripts/: beside your copy of this script, one folder up from the solution.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
-from image_data import ResumableSampler, SyntheticBatches, image_folders
+from image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform
 from instrument import Instrument, leave_now
+from storage_formats import open_image_data
+from tracking import start_tracking, stop_tracking
 from train_options import augmentations, parse_args
+from webdataset_stream import shard_loaders
+
+# Day 3's TP modules sit beside this script (the solution's beside the solution, your copies beside yours).
+import optim_setup
+from lr_range_test import first_batches, log_spaced, lr_range_test, suggest_lr
 
 AMP_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -56,8 +63,11 @@ def main(argv=None) -> int:
                               f"{args.batch_size} (and --drop-last is on)")
     model, raw_model = build_model(args, data.num_classes, device, env.world_size)
     epochs, total_steps = plan_steps(args, len(data.train_loader))
-    optimizer = build_optimizer(args, model.parameters())
-    scheduler = build_schedule(args, optimizer, total_steps)
+    warmup = warmup_steps(args, len(data.train_loader))
+    if warmup >= total_steps and not args.lr_finder:
+        return fail(env.rank, f"the warm-up ({warmup} steps) must be shorter than the run ({total_steps} steps)")
+    optimizer = build_optimizer(args, model.parameters(), args.batch_size * env.world_size)
+    scheduler = build_schedule(args, optimizer, total_steps, warmup)
     t = Training(args, device, env.rank, env.world_size, data, model, raw_model,
                  criterion=nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), optimizer=optimizer,
                  scheduler=scheduler, scaler=build_scaler(args, device), amp_dtype=AMP_DTYPES[args.amp],
@@ -67,8 +77,14 @@ def main(argv=None) -> int:
     except CheckpointError as error:
         return fail(env.rank, str(error))
     if args.compile:  # after loading the weights into the plain model
-        t.model = torch.compile(t.model)
+        t.model = torch.compile(t.model, mode=args.compile_mode)
     ins = open_records(t, env.source, start)  # from here on, a cancelled job is recorded as "cancelled"
+    trackers = start_tracking(args, ins.record, env.rank, ins.record.header["config"])
+    if args.lr_finder:  # instead of training
+        find_lr(t, ins)
+        stop_tracking(trackers)
+        job.destroy_process_group()
+        return 0
     t.phase, t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
     try:
         train(t, ins, start)
@@ -77,6 +93,7 @@ def main(argv=None) -> int:
     except Exception as error:  # a collective broke because another rank stopped: record its cause, not ours
         leave_now(ins.stopped_by_other_rank(error))
     report(t, ins, start)
+    stop_tracking(trackers)
     job.destroy_process_group()
     return 0
 
@@ -168,14 +185,7 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
                                    device, seed=args.seed + rank)
         return Data(batches, batches, None, None, args.num_classes, None, {}, False,
                     build_mixer(args, args.num_classes))
-    train_set, val_set, classes = image_folders(args.data, args.image_size,
-                                                randaugment="randaugment" in augmentations(args.augment))
-    # >>> SOLUTION TP2.2: each rank reads its own shard of the data set (set_epoch reshuffles it)
-    shard_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    # --- STUDENT
-    # shard_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
-    # <<< SOLUTION
-    sampler = ResumableSampler(shard_sampler)
+    randaugment = "randaugment" in augmentations(args.augment)
     non_blocking = False
     # >>> SOLUTION TP2.1: prepare batches in worker processes, in pinned memory, ahead of time
     loader_options = dict(num_workers=args.num_workers, pin_memory=args.pin_memory,
@@ -185,6 +195,15 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     # --- STUDENT
     # loader_options = dict(num_workers=0)  # every option off: the training loop decodes each image itself
     # <<< SOLUTION
+    if args.data_format == "webdataset":  # a stream of tar shards, no sampler: each rank and worker reads its own
+        return shard_data(args, rank, world_size, randaugment, loader_options, non_blocking)
+    train_set, val_set, classes = open_image_data(args.data, args.data_format, args.image_size, randaugment)
+    # >>> SOLUTION TP2.2: each rank reads its own shard of the data set (set_epoch reshuffles it)
+    shard_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    # --- STUDENT
+    # shard_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
+    # <<< SOLUTION
+    sampler = ResumableSampler(shard_sampler)
     # A last batch of one image would break BatchNorm ("expected more than 1 value per channel").
     drop_last = args.drop_last or len(shard_sampler) % args.batch_size == 1
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=drop_last,
@@ -195,6 +214,16 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
         val_loader = DataLoader(my_share, batch_size=args.batch_size, **loader_options)
     return Data(train_loader, sampler, shard_sampler, val_loader, len(classes), len(train_set), loader_options,
                 non_blocking, build_mixer(args, len(classes)))
+
+
+def shard_data(args, rank: int, world_size: int, randaugment: bool, loader_options: dict, non_blocking: bool) -> Data:
+    """--data-format webdataset: shards split by rank, then by DataLoader worker (webdataset_stream.py)."""
+    stream, split, val_loader, classes, train_size = shard_loaders(
+        args.data, train_transform(args.image_size, randaugment), val_transform(args.image_size),
+        batch_size=args.batch_size, rank=rank, world_size=world_size, seed=args.seed, loader_options=loader_options,
+        validation=not args.test)
+    return Data(stream, stream, split, val_loader, len(classes), train_size, loader_options, non_blocking,
+                build_mixer(args, len(classes)))
 
 
 def build_mixer(args, num_classes: int):
@@ -211,10 +240,21 @@ def create_model(name: str, num_classes: int) -> nn.Module:
     return torchvision.models.get_model(name, num_classes=num_classes, **extra)
 
 
+def small_image_stem(model: nn.Module) -> nn.Module:
+    """--cifar-stem: a ResNet's 7x7 stride-2 convolution and max-pool leave 8x8 of a 32 px image to the first
+    block; a 3x3 stride-1 convolution without the pool keeps 32x32, as CIFAR ResNets do (more accurate,
+    about 3-4x the compute per image on a CPU)."""
+    model.conv1 = nn.Conv2d(3, model.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
 def build_model(args, num_classes: int, device, world_size: int):
     """(the model the loop calls, the plain model inside it)."""
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = create_model(args.model, num_classes)
+    if args.cifar_stem:
+        model = small_image_stem(model)
     # >>> SOLUTION TP1.1: the weights must live where the computation happens
     model = model.to(device)
     # <<< SOLUTION
@@ -249,14 +289,24 @@ def plan_steps(args, steps_per_epoch: int) -> tuple[int, int]:
     return args.epochs, args.epochs * steps_per_epoch
 
 
-def build_optimizer(args, params) -> torch.optim.Optimizer:
-    """SGD with momentum and weight decay."""
-    return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+def peak_lr(args, global_batch: int) -> float:
+    """--lr, scaled from --base-batch-size to this global batch by --lr-scaling."""
+    return optim_setup.peak_lr(args.lr, global_batch, args.base_batch_size, args.lr_scaling)
 
 
-def build_schedule(args, optimizer, total_steps: int):
-    """One cycle over the whole run: warm up to --lr, then anneal to almost zero."""
-    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps)
+def build_optimizer(args, params, global_batch: int) -> torch.optim.Optimizer:
+    """--optimizer at the schedule's peak learning rate (optim_setup.py, TP3.1)."""
+    return optim_setup.build_optimizer(args.optimizer, params, peak_lr(args, global_batch), args.momentum,
+                                       args.weight_decay)
+
+
+def warmup_steps(args, steps_per_epoch: int) -> int:
+    return args.warmup_steps or round(args.warmup_epochs * steps_per_epoch)
+
+
+def build_schedule(args, optimizer, total_steps: int, warmup: int):
+    """--lr-schedule: constant, cosine (each after a linear warm-up when asked) or one cycle; stepped every step."""
+    return optim_setup.build_schedule(optimizer, args.lr_schedule, total_steps, warmup)
 
 
 def build_scaler(args, device) -> torch.amp.GradScaler:
@@ -285,7 +335,9 @@ def open_records(t: Training, launcher: str, start: dict) -> Instrument:
     config = {**vars(args), "world_size": t.world_size, "global_batch_size": args.batch_size * t.world_size,
               "steps_per_epoch": t.steps_per_epoch, "total_steps": t.total_steps, "num_classes": data.num_classes,
               "train_images": data.train_size, "param_count": param_count, "launcher": launcher,
-              "device_type": t.device.type}
+              "device_type": t.device.type, "optimizer_class": qualified_name(t.optimizer),
+              "lr_peak": peak_lr(args, args.batch_size * t.world_size),
+              "warmup_steps": warmup_steps(args, t.steps_per_epoch)}
     ins = Instrument(config, rank=t.rank, world_size=t.world_size, run_id=shared_run_id(), runs_dir=args.runs_dir,
                      device=t.device, start_step=start["step"], total_steps=t.total_steps,
                      breakdown_every=args.breakdown_every, print_every=args.print_every, say=t.say)
@@ -303,6 +355,11 @@ def open_records(t: Training, launcher: str, start: dict) -> Instrument:
         t.say(f"resumed from {start['path']} at step {start['step']} (epoch {start['epoch'] + 1}, "
               f"batch {start['batch_in_epoch']})")
     return ins
+
+
+def qualified_name(thing) -> str:
+    """'torch.optim.sgd.SGD', 'timm.optim.lamb.Lamb': the class that was really built."""
+    return f"{type(thing).__module__}.{type(thing).__qualname__}"
 
 
 def profiling(args, trace_dir: Path, rank: int, device):
@@ -372,6 +429,9 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int):
         ins.end_step(t.step, epoch=epoch, lr=lr, samples=n * t.world_size, **metrics)
         if args.checkpoint_steps and t.step % args.checkpoint_steps == 0:
             save(t, ins, epoch, batch_in_epoch)
+        if ins.checkpoint_due(t.step):  # --checkpoint-on-signal: the job's time is nearly up, save and leave
+            save(t, ins, epoch, batch_in_epoch)
+            leave_now(ins.checkpointed(epochs=t.epochs_done, val_acc=t.val.get("val_acc"), best_val_acc=t.best_val_acc))
     return batch_in_epoch, totals
 
 
@@ -497,6 +557,34 @@ def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int) -> None:
                         world_size=t.world_size, batch_size=t.args.batch_size, rng_states=rng_states)
         ins.event("checkpoint_saved", path=str(t.checkpoint_path), step=t.step, epoch=epoch,
                   batch_in_epoch=batch_in_epoch, seconds=time.perf_counter() - started)
+
+
+# ---- the LR range test -----------------------------------------------------------------------------
+
+def find_lr(t: Training, ins: Instrument) -> None:
+    """--lr-finder: log-spaced learning rates, each trained on the same first batches from the same initial
+    weights (lr_range_test.py, TP3.2); one 'lr_trial' record line per trial, the suggestion in the summary."""
+    args = t.args
+    batches = first_batches(t.data.train_loader, args.lr_finder_steps, t.device, args.channels_last)
+    lrs = log_spaced(args.lr_finder_min, args.lr_finder_max, args.lr_finder_trials)
+
+    def make_optimizer(lr: float):
+        return optim_setup.build_optimizer(args.optimizer, t.raw_model.parameters(), lr, args.momentum,
+                                           args.weight_decay)
+
+    def record(trial: dict) -> None:
+        ins.log("lr_trial", **trial)
+        first, smoothed = (float("nan") if trial[k] is None else trial[k] for k in ("first_loss", "smoothed_loss"))
+        t.say(f"trial {trial['trial'] + 1:2d}/{len(lrs)} | lr {trial['lr']:.2e} | first loss {first:.4f} | "
+              f"smoothed loss {smoothed:.4f}" + (" | diverged" if trial["diverged"] else ""))
+
+    trials = lr_range_test(t.model, make_optimizer, batches, t.criterion, t.amp_dtype, lrs, seed=args.seed,
+                           on_trial=record)
+    found = suggest_lr(trials)
+    ins.finish(steps=sum(trial["steps"] for trial in trials), epochs=0, **found)
+    t.say(f"suggested lr {found['lr_finder_suggested_lr']} (rule {found['lr_finder_rule']}; steepest descent at "
+          f"{found['lr_finder_steepest_lr']}); first losses differ by {found['lr_finder_first_loss_spread']:.2e} "
+          "(relative)")
 
 
 # ---- the report ------------------------------------------------------------------------------------

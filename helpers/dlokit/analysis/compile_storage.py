@@ -1,0 +1,67 @@
+"""Day 3 views of the compile benchmark (TP3.3) and the read benchmark of the storage formats (TP3.4).
+
+    compile_table(job_id) / compile_plot(job_id)    # compile time apart from step time, per part and variant
+    read_table(job_id) / read_plot(job_id)          # images/s and MB/s per format and worker count
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.run import load_run
+
+COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup", "max_abs_diff", "agrees",
+                   "compiled", "graphs", "graph_breaks", "ddp", "reason")
+READ_COLUMNS = ("format", "num_workers", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch", "pixel_sum")
+
+
+def _lines(job_id, kind: str, columns, runs_dir=None) -> pd.DataFrame:
+    lines = load_run(job_id, runs_dir).lines(kind)
+    return lines[[c for c in columns if c in lines]].reset_index(drop=True)
+
+
+def compile_table(job_id, runs_dir=None) -> pd.DataFrame:
+    """One row per part (model, function) and variant: compile time (first calls) apart from the steady step."""
+    return _lines(job_id, "compile_result", COMPILE_COLUMNS, runs_dir)
+
+
+def compile_plot(job_id, runs_dir=None):
+    """Per part: steady-state time per call (bars) and the one-off compile time (written on each bar)."""
+    table = compile_table(job_id, runs_dir)
+    done = table[table.get("status", pd.Series(dtype=str)) == "ok"] if not table.empty else table
+    if done.empty:
+        return message_figure([load_run(job_id, runs_dir).describe_state()], title="compilation")
+    parts = list(dict.fromkeys(done["part"]))
+    figure, axes = new_figure(1, len(parts), size=(6 * len(parts), 3.8))
+    for ax, part in zip(axes[0], parts):
+        rows = done[done["part"] == part]
+        ms = 1000 * rows["t_step"].astype(float)
+        bars = ax.barh(rows["variant"], ms, color=["tab:grey" if v == "eager" else "tab:blue" for v in rows["variant"]])
+        for bar, compile_s in zip(bars, rows["t_compile"]):
+            if pd.notna(compile_s) and compile_s > 0:
+                ax.annotate(f" compile {compile_s:.1f} s", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                            va="center", fontsize=7)
+        ax.invert_yaxis()
+        ax.set(xlabel="ms per call (median, after warm-up)", title=f"{part}: steady state; compile time written")
+    skipped = table[table["status"] != "ok"] if "status" in table else table.iloc[0:0]
+    add_notes(figure, [f"{r.part}/{r.variant}: {r.status} ({r.reason})" for r in skipped.itertuples()])
+    return figure
+
+
+def read_table(job_id, runs_dir=None) -> pd.DataFrame:
+    """One row per storage format and DataLoader worker count."""
+    return _lines(job_id, "read_result", READ_COLUMNS, runs_dir)
+
+
+def read_plot(job_id, runs_dir=None):
+    """images/s and MB/s read, per format, one bar per worker count."""
+    table = read_table(job_id, runs_dir)
+    if table.empty:
+        return message_figure([load_run(job_id, runs_dir).describe_state()], title="storage formats")
+    figure, axes = new_figure(1, 2, size=(11, 3.8))
+    for ax, column, label in ((axes[0][0], "images_per_s", "images/s"), (axes[0][1], "mb_per_s", "MB/s read from disk")):
+        wide = table.pivot_table(index="format", columns="num_workers", values=column)
+        wide.plot.bar(ax=ax, rot=0)
+        ax.set(ylabel=label, title=f"{label} per format", xlabel="")
+        ax.legend(title="workers", fontsize=7)
+    return figure

@@ -1,0 +1,108 @@
+"""Day 3 views: top-1 per optimiser × batch beside the course's published accuracies, and the LR range test.
+
+    optimizer_table(job_ids)      # one row per training: optimiser, global batch, peak lr, warm-up, top-1
+    optimizer_plot(job_ids)       # grouped bars, ours beside DLO-JZ's (GPU, CIFAR-10, 30 / 75 epochs)
+    lr_finder_plot(job_id)        # loss reached per learning rate, the suggested lr marked
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.run import load_run, load_runs
+from dlokit.analysis.table import as_number
+
+# DLO-JZ Day 3 (../shared/reference/figures.md): ResNet-18 on CIFAR-10, top-1 at batch 256 (30 epochs) and
+# 8192 (75 epochs), on GPUs. Quoted beside ours, never as ours.
+PUBLISHED_TOP1 = {"sgd": (0.784, 0.746), "adamw": (0.832, 0.845), "lamb": (0.777, 0.850), "lars": (0.852, 0.814),
+                  "lion": (0.842, 0.798)}
+PUBLISHED_SOURCE = "DLO-JZ Day 3, ResNet-18 on CIFAR-10, GPUs: batch 256 for 30 epochs / 8192 for 75 epochs"
+
+
+def optimizer_table(job_ids, runs_dir=None) -> pd.DataFrame:
+    """One row per run: what it trained with and the top-1 it reached; published figures beside."""
+    rows = []
+    for run in load_runs(job_ids, runs_dir):
+        config, vals = run.config, run.lines("val")
+        top1 = pd.to_numeric(vals.get("val_acc", pd.Series(dtype=float)), errors="coerce").dropna()
+        name = config.get("optimizer")
+        global_batch = config.get("global_batch_size")
+        rows.append({"run_id": run.run_id, "state": run.state, "optimizer": name,
+                     "optimizer_class": (config.get("optimizer_class") or "").rsplit(".", 1)[-1] or None,
+                     "global_batch": global_batch, "lr_scaling": config.get("lr_scaling"),
+                     "lr_peak": as_number(config.get("lr_peak")), "warmup_steps": config.get("warmup_steps"),
+                     "schedule": config.get("lr_schedule"), "epochs": config.get("epochs"),
+                     "steps": run.summary.get("steps"), "top1": float(top1.iloc[-1]) if len(top1) else None,
+                     "best_top1": float(top1.max()) if len(top1) else None})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    batches = sorted(b for b in table["global_batch"].dropna().unique())
+    small = batches[0] if batches else None
+    table["published_top1"] = [
+        PUBLISHED_TOP1.get(o, (None, None))[0 if b == small else 1] if o in PUBLISHED_TOP1 and len(batches) > 1
+        else None for o, b in zip(table["optimizer"], table["global_batch"])]
+    table.attrs["published_source"] = PUBLISHED_SOURCE
+    return table
+
+
+def optimizer_plot(job_ids, runs_dir=None):
+    """Top-1 per optimiser, one bar per global batch (ours, solid) beside the published one (hatched)."""
+    table = optimizer_table(job_ids, runs_dir)
+    if table.empty or table["top1"].isna().all():
+        return message_figure(["no completed training with validation among these runs"], title="optimisers")
+    figure, axes = new_figure(1, 1, size=(9, 4))
+    ax = axes[0][0]
+    optimizers = list(dict.fromkeys(table["optimizer"]))
+    batches = sorted(table["global_batch"].dropna().unique())
+    width = 0.8 / (2 * len(batches))
+    for b_index, batch in enumerate(batches):
+        for kind, column, hatch in (("ours", "top1", None), ("DLO-JZ", "published_top1", "//")):
+            xs, ys = [], []
+            for o_index, name in enumerate(optimizers):
+                row = table[(table["optimizer"] == name) & (table["global_batch"] == batch)]
+                value = as_number(row[column].iloc[-1]) if len(row) else None
+                if value is not None:
+                    xs.append(o_index + (2 * b_index + (kind != "ours")) * width - 0.4 + width / 2)
+                    ys.append(value)
+            if xs:
+                ax.bar(xs, ys, width, color=f"C{b_index}", alpha=1.0 if kind == "ours" else 0.35, hatch=hatch,
+                       label=f"{kind}, global batch {int(batch)}")
+    ax.set_xticks(range(len(optimizers)), optimizers)
+    ax.set(ylabel="validation top-1", ylim=(0, 1), title="top-1 per optimiser and batch (same epochs)")
+    ax.legend(fontsize=7, ncol=2)
+    notes = [f"hatched: {PUBLISHED_SOURCE} (not ours)"]
+    notes += [f"{r.run_id}: {r.state}" for r in table.itertuples() if r.state != "completed"]
+    add_notes(figure, notes)
+    return figure
+
+
+def lr_trials(job_id, runs_dir=None) -> pd.DataFrame:
+    """The 'lr_trial' lines of an --lr-finder run: lr, first/final/smoothed loss, diverged."""
+    trials = load_run(job_id, runs_dir).lines("lr_trial")
+    keep = [c for c in ("trial", "lr", "first_loss", "final_loss", "smoothed_loss", "steps", "diverged") if c in trials]
+    return trials[keep].reset_index(drop=True)
+
+
+def lr_finder_plot(job_id, runs_dir=None):
+    """Smoothed loss reached per learning rate (log scale), the suggested learning rate marked."""
+    run = load_run(job_id, runs_dir)
+    trials = lr_trials(job_id, runs_dir)
+    if trials.empty:
+        return message_figure([run.describe_state()], title="LR range test")
+    figure, axes = new_figure(1, 1, size=(7, 4))
+    ax = axes[0][0]
+    finite = trials.dropna(subset=["smoothed_loss"])
+    ax.plot(finite["lr"], finite["smoothed_loss"], "o-", label="loss reached (mean of each trial's last steps)")
+    ax.plot(trials["lr"], trials["first_loss"], "x:", color="grey", label="loss at each trial's first step")
+    suggested = as_number(run.summary.get("lr_finder_suggested_lr"))
+    if suggested is not None:
+        ax.axvline(suggested, color="C3", linestyle="--", label=f"suggested lr {suggested:.2g}")
+    ax.set(xscale="log", xlabel="learning rate", ylabel="training loss", title="LR range test")
+    top = finite["smoothed_loss"].max() if len(finite) else None
+    if top is not None and math.isfinite(top):
+        ax.set_ylim(top=min(top, 3 * trials["first_loss"].max()) * 1.05)
+    ax.legend(fontsize=7)
+    return figure

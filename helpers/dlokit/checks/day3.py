@@ -1,0 +1,171 @@
+"""Day 3 checks: the optimisers and schedules (TP3.1), the LR range test (TP3.2), compilation (TP3.3), the
+storage formats (TP3.4) and the search space of the hyper-parameter study (TP3.5)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .records import ids, load, load_completed
+
+EXPECTED_CLASS = {"sgd": "SGD", "adamw": "AdamW", "lamb": "Lamb", "lars": "Lars", "lion": "Lion"}
+SAME_START = 1e-4  # relative spread of the trials' first losses below which they started from the same weights
+
+
+def _lr_shape(run) -> str | None:
+    """What is wrong with the learning rate the run's steps recorded, given its schedule (None: fine)."""
+    steps = run.steps
+    if "lr" not in steps or len(steps) < 3:
+        return None
+    lr = pd.to_numeric(steps["lr"], errors="coerce").dropna().tolist()
+    config = run.config
+    warmup, schedule = int(config.get("warmup_steps") or 0), config.get("lr_schedule")
+    if warmup > 1 and len(lr) > warmup and not lr[0] < lr[warmup - 1]:
+        return f"--warmup-steps {warmup} asked, but the lr did not rise over the first steps ({lr[0]:.3g} → {lr[warmup - 1]:.3g})"
+    after = lr[warmup:]
+    if schedule == "constant" and len(after) > 1 and max(after) - min(after) > 1e-12 * max(after):
+        return f"constant schedule, but the lr moved after the warm-up ({min(after):.3g} … {max(after):.3g})"
+    if schedule in ("cosine", "onecycle") and len(after) > 1 and not after[-1] < max(lr):
+        return f"{schedule} schedule, but the lr did not fall by the end ({after[-1]:.3g}, peak {max(lr):.3g})"
+    return None
+
+
+@check("TP3.1 optimisers and schedules")
+def optimizers(job_ids):
+    """Each run built the optimiser it was asked for (the class read back from its record) and its learning rate
+    moved as its schedule says (warm-up rising, cosine/one-cycle falling, constant flat)."""
+    runs, problem = load_completed(job_ids)
+    if problem:
+        return problem
+    details, wrong_class, wrong_lr = [], [], []
+    for run in runs:
+        asked = run.config.get("optimizer", "sgd")
+        built = (run.config.get("optimizer_class") or "?").rsplit(".", 1)[-1]
+        details.append(f"run {run.run_id}: --optimizer {asked} built {built}, schedule {run.config.get('lr_schedule')}"
+                       f", peak lr {run.config.get('lr_peak')}")
+        if built != EXPECTED_CLASS.get(asked, built):
+            wrong_class.append(f"run {run.run_id} asked for --optimizer {asked} but built {built} "
+                               f"(TODO TP3.1 in optim_setup.py)")
+        shape = _lr_shape(run)
+        if shape:
+            wrong_lr.append(f"run {run.run_id}: {shape}")
+    names = sorted({EXPECTED_CLASS.get(r.config.get("optimizer", "sgd"), "?") for r in runs})
+    code = part("optimiser", FAILED, wrong_class[0]) if wrong_class else part(
+        "optimiser", PASSED, f"every run built the optimiser it asked for ({', '.join(names)})")
+    schedule = part("schedule", FAILED, wrong_lr[0]) if wrong_lr else part(
+        "schedule", PASSED, "the recorded learning rates follow each schedule")
+    return from_parts([code, schedule], f"{len(runs)} runs built {', '.join(names)} with the schedules asked", details)
+
+
+@check("TP3.2 LR range test")
+def lr_finder(job_id):
+    """Every trial of the --lr-finder run started from the same weights with a fresh optimiser (their first
+    losses are the same number), and the run suggested a learning rate."""
+    wanted = ids(job_id)
+    if not wanted:
+        return failed("no job id given: pass the id the submission cell returned")
+    run, problem = load(wanted[-1])
+    if problem:
+        return failed(problem)
+    summary = run.summary
+    trials = summary.get("lr_finder_trials") or 0
+    spread = summary.get("lr_finder_first_loss_spread")
+    suggested = summary.get("lr_finder_suggested_lr")
+    details = [f"run {run.run_id}: {trials} trials, first-loss spread {spread}, suggested lr {suggested} "
+               f"(rule {summary.get('lr_finder_rule')})"]
+    if trials < 3:
+        return failed(f"run {run.run_id} ran {trials} trial(s): an LR range test needs several (is --lr-finder on?)",
+                      details)
+    if spread is None or spread > SAME_START:
+        return failed(f"the trials did not start from the same loss (relative spread {spread}): each trial must "
+                      "reload the initial weights and build a fresh optimiser (TODO TP3.2 in lr_range_test.py)", details)
+    if suggested is None:
+        return failed("every trial diverged: no learning rate to suggest; lower --lr-finder-max", details)
+    return passed(f"{trials} trials from the same weights and a fresh optimiser; suggested lr {suggested:.3g}", details)
+
+
+@check("TP3.5 hyper-parameter search")
+def hpo(study):
+    """The study's trials chose their options through the trial (so the sampler really searched), and the
+    completed ones reported a value; pruned trials are counted."""
+    trials = study.trials
+    states = [t.state.name for t in trials]
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    pruned = states.count("PRUNED")
+    details = [f"trial {t.number}: {t.state.name}, params {t.params}, value {t.value}" for t in trials]
+    if not done:
+        return failed(f"no trial of study {study.study_name!r} completed ({', '.join(states) or 'no trial'}): "
+                      "look at the outcome column of the trials table", details)
+    if not any(t.params for t in trials):
+        return failed("no trial asked the sampler for a value (trial.params is empty): every trial ran the same "
+                      "options — hpo_space.suggest must call trial.suggest_* (TODO TP3.5)", details)
+    distinct = {tuple(sorted(t.params.items())) for t in trials if t.params}
+    search = part("search", PASSED if len(distinct) > 1 or len(trials) == 1 else FAILED,
+                  f"{len(distinct)} distinct option sets over {len(trials)} trials")
+    pruning = part("pruning", INFO, f"{pruned} trial(s) pruned, their jobs cancelled early")
+    best = study.best_trial  # the study's direction: highest accuracy, or lowest loss
+    return from_parts([search, pruning], f"{len(done)} trials completed, best {best.value:.3f} with {best.params}",
+                      details)
+
+
+@check("TP3.3 compilation")
+def compilation(job_id):
+    """The compile variants really compiled (an OptimizedModule that produced graphs), agree with eager, and
+    recorded their compile time apart from their step time."""
+    wanted = ids(job_id)
+    if not wanted:
+        return failed("no job id given: pass the id the submission cell returned")
+    run, problem = load(wanted[-1])
+    if problem:
+        return failed(problem)
+    results = run.lines("compile_result")
+    if results.empty:
+        return failed(f"run {run.run_id} recorded no compile_result line: was it compile_bench.py?")
+    compiles = results[results["variant"].astype(str).str.contains("compile")]
+    details = [f"{r.part}/{r.variant}: {r.status}, compile {r.t_compile} s, step {r.t_step} s, "
+               f"compiled {getattr(r, 'compiled', None)}, graphs {getattr(r, 'graphs', None)}"
+               for r in results.itertuples()]
+    if run.summary.get("compile_unavailable"):
+        return not_applicable(f"torch.compile cannot run here: {run.summary['compile_unavailable']}", details)
+    ran = compiles[compiles["status"] == "ok"]
+    if ran.empty:
+        return failed(f"no compile variant of run {run.run_id} ran ({', '.join(compiles['status'].astype(str))})",
+                      details)
+    not_compiled = ran[~ran["compiled"].astype(bool) | (ran["graphs"].fillna(0) <= 0)]
+    if len(not_compiled):
+        row = not_compiled.iloc[0]
+        return failed(f"{row['part']}/{row['variant']} ran uncompiled (no graph): compile_with must call "
+                      "torch.compile (TODO TP3.3 in compile_bench.py)", details)
+    disagree = ran[~ran["agrees"].astype(bool)]
+    code = part("compiled", PASSED, f"{len(ran)} compiled variant(s), each with its own graphs")
+    same = part("same results", FAILED if len(disagree) else PASSED,
+                f"{len(disagree)} variant(s) differ from eager" if len(disagree) else
+                f"every compiled variant agrees with eager (max |Δ| {ran['max_abs_diff'].max():.2g})")
+    timing = part("compile time apart", PASSED if ran["t_compile"].notna().all() else FAILED,
+                  "compile time recorded apart from the steady step time")
+    return from_parts([code, same, timing], "compiled, same results as eager, compile time measured apart", details)
+
+
+@check("TP3.4 storage formats")
+def storage(job_id):
+    """Every format gave the same samples (the read benchmark's pixel sum and image count agree across formats
+    for each worker count) and every format was read."""
+    wanted = ids(job_id)
+    if not wanted:
+        return failed("no job id given: pass the id the submission cell returned")
+    run, problem = load(wanted[-1])
+    if problem:
+        return failed(problem)
+    reads = run.lines("read_result")
+    if reads.empty:
+        return failed(f"run {run.run_id} recorded no read_result line: was it read_bench.py?")
+    details = [f"{r.format}, {r.num_workers} workers: {r.images} images, {r.images_per_s:.0f} img/s, pixel sum "
+               f"{r.pixel_sum}" for r in reads.itertuples()]
+    formats = sorted(reads["format"].unique())
+    for workers, group in reads.groupby("num_workers"):
+        if group["pixel_sum"].nunique() > 1 or group["images"].nunique() > 1:
+            return failed(f"with {workers} workers the formats did not yield the same samples "
+                          f"({dict(zip(group['format'], group['pixel_sum']))}): convert again with "
+                          "data/convert_formats.py --force, then --verify", details)
+    fastest = reads.loc[reads["images_per_s"].idxmax()]
+    return passed(f"{', '.join(formats)} yield the same samples; fastest here: {fastest['format']} with "
+                  f"{fastest['num_workers']} workers ({fastest['images_per_s']:.0f} img/s)", details)

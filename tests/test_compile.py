@@ -1,0 +1,238 @@
+"""TP3.3: tp_scripts/solutions/compile_bench.py (eager vs TorchScript vs torch.compile), its student copy,
+train_classifier.py --compile-mode, and the per-user inductor cache of submitted jobs.
+
+Real subprocesses, one thread each, tiny sizes. Compiling on the CPU builds C++ kernels (seconds for the
+function, a minute or more for a ResNet's training step on a loaded 2-core machine): only the function is
+compiled in the fast tests; the model is compiled in a slow one. The student copy compiles nothing, so its
+runs are cheap.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlokit import jobenv
+from dlokit.runrecord import read_rank
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTION = REPO / "tp_scripts" / "solutions" / "compile_bench.py"
+STUDENT = REPO / "tp_scripts" / "compile_bench.py"
+TRAIN = REPO / "tp_scripts" / "solutions" / "train_classifier.py"
+PYTHON = sys.executable
+TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
+SMALL_FUNCTION = ["--parts", "function", "--function-rows", "64", "--function-cols", "256", "--warmup-steps", "2",
+                  "--steps", "3"]
+SMALL_MODEL = ["--parts", "model", "--model", "resnet18", "--image-size", "32", "--batch-size", "4",
+               "--warmup-steps", "2", "--steps", "2"]
+TIMES = ("t_build", "t_first", "t_warmup", "t_compile", "t_step")
+
+
+def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, launcher=(PYTHON,), check=True, timeout=400):
+    cmd = [*launcher, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
+    return done
+
+
+def results(runs: Path, run_id: str, rank: int = 0) -> dict:
+    """{(part, variant): compile_result line}, after checking the summary holds the same table."""
+    rec = read_rank(runs / run_id / f"rank{rank}")
+    assert rec["state"] == "completed" and not rec["problems"], rec["problems"]
+    lines = [m for m in rec["metrics"] if m["kind"] == "compile_result"]
+    assert rec["summary"]["results"] == [{k: v for k, v in m.items() if k not in ("kind", "time")} for m in lines]
+    return {(m["part"], m["variant"]): m for m in lines}
+
+
+sys.path.insert(0, str(REPO / "tp_scripts"))  # the shared modules: compile_support, train_options
+
+
+def needs_compiler():
+    from compile_support import missing_compiler
+
+    problem = missing_compiler("cpu")
+    if problem:
+        pytest.skip(problem)
+
+
+def test_compiled_function_agrees_with_eager_and_its_compile_time_is_recorded_apart(tmp_path):
+    needs_compiler()
+    bench(tmp_path, "fn", *SMALL_FUNCTION, "--variants", "eager,compile-default")
+    found = results(tmp_path, "fn")
+    eager, compiled = found["function", "eager"], found["function", "compile-default"]
+    for line in (eager, compiled):
+        assert line["status"] == "ok" and all(line[k] >= 0 for k in TIMES)
+        assert line["warmup_steps"] == 2 and line["timed_steps"] == 3 and len(line["step_times"]) == 5
+        assert line["t_first"] == pytest.approx(line["step_times"][0], abs=1e-6)
+        assert line["t_warmup"] == pytest.approx(sum(line["step_times"][:2]), abs=1e-5)
+    assert eager["compiled"] is False and eager["graphs"] == 0 and eager["max_abs_diff"] == 0
+    assert compiled["compiled"] is True and compiled["graphs"] >= 1 and compiled["graph_breaks"] == 0
+    assert compiled["agrees"] is True and compiled["max_abs_diff"] < 1e-5 and compiled["reference"] == "eager"
+    # the first call generated and built the kernels (or loaded them from the cache): slower than a steady call
+    assert compiled["t_first"] > compiled["t_step"]
+
+
+@pytest.mark.slow
+def test_compiled_training_steps_give_the_losses_of_eager(tmp_path):
+    needs_compiler()
+    bench(tmp_path, "model", *SMALL_MODEL, "--variants", "eager,trace,script,compile-default")
+    found = results(tmp_path, "model")
+    assert {v: found["model", v]["status"] for v in ("eager", "trace", "script", "compile-default")} == dict.fromkeys(
+        ("eager", "trace", "script", "compile-default"), "ok")
+    for variant in ("trace", "script", "compile-default"):
+        line = found["model", variant]
+        assert line["agrees"] is True and line["max_abs_diff"] < 1e-3 and line["compared_calls"] == 2, line
+        assert line["max_abs_diff_all_calls"] >= line["max_abs_diff"]  # later steps drift: recorded, not judged
+        assert line["items"] == "images" and line["items_per_s"] > 0 and line["ddp"] is False
+    assert found["model", "compile-default"]["compiled"] is True and found["model", "compile-default"]["graphs"] >= 1
+    assert found["model", "script"]["compiled"] is False
+
+
+@pytest.mark.slow
+def test_compile_of_a_ddp_model_on_two_ranks(tmp_path):
+    needs_compiler()
+    bench(tmp_path, "ddp", *SMALL_MODEL, "--variants", "eager,compile-default",
+          launcher=(TORCHRUN, "--standalone", "--nproc_per_node=2"), timeout=900)
+    for rank in (0, 1):
+        found = results(tmp_path, "ddp", rank)
+        line = found["model", "compile-default"]
+        assert line["ddp"] is True and line["compiled"] is True and line["agrees"] is True, line
+    rec = read_rank(tmp_path / "ddp" / "rank1")
+    assert rec["run"]["world_size"] == 2 and rec["summary"]["ddp"] is True
+
+
+def test_student_copy_compiles_nothing_and_says_so(tmp_path):
+    """Untouched TP3.3: the compile variants run the eager function, which the record shows (no graph, not
+    an OptimizedModule or compiled function); TorchScript and NumPy variants agree with eager."""
+    variants = "eager,trace,script,compile-default,numpy,numpy-compile"
+    bench(tmp_path, "student", *SMALL_FUNCTION, "--variants", variants, script=STUDENT)
+    found = results(tmp_path, "student")
+    for variant in variants.split(","):
+        line = found["function", variant]
+        assert line["status"] == "ok" and line["agrees"] is True, line
+        assert line["compiled"] is False and line["graphs"] == 0
+    assert found["function", "numpy"]["max_abs_diff"] > 0  # NumPy's own float32 kernels: close, not identical
+
+
+def test_without_a_cpu_compiler_the_compile_variants_are_skipped_with_the_reason(tmp_path):
+    missing = str(tmp_path / "no-such-g++")
+    bench(tmp_path, "nocxx", *SMALL_FUNCTION, "--variants", "eager,compile-default,compile-reduce-overhead,numpy-compile",
+          env={"CXX": missing})
+    found = results(tmp_path, "nocxx")
+    assert found["function", "eager"]["status"] == "ok"
+    for variant in ("compile-default", "compile-reduce-overhead", "numpy-compile"):
+        line = found["function", variant]
+        assert line["status"] == "skipped" and missing in line["reason"] and "C++ compiler" in line["reason"]
+    summary = read_rank(tmp_path / "nocxx" / "rank0")["summary"]
+    assert missing in summary["compile_unavailable"]
+    # train_classifier.py --compile refuses up front, the same sentence, exit code 2
+    done = subprocess.run([PYTHON, str(TRAIN), "--data", "synthetic", "--device", "cpu", "--model", "resnet18",
+                           "--compile"], cwd=REPO, env={**os.environ, "CXX": missing}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "C++ compiler" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reduce_overhead_is_skipped_on_the_cpu(tmp_path):
+    bench(tmp_path, "ro", *SMALL_FUNCTION, "--variants", "eager,compile-reduce-overhead", script=STUDENT)
+    line = results(tmp_path, "ro")["function", "compile-reduce-overhead"]
+    assert line["status"] == "skipped" and "CUDA graphs" in line["reason"]
+
+
+def load_solution():
+    spec = importlib.util.spec_from_file_location("compile_bench_solution", SOLUTION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--variants", "eager,compile-turbo"], "unknown torch.compile mode"),
+    (["--variants", "jit"], "unknown variant 'jit'"),
+    (["--parts", "everything"], "--parts"),
+    (["--model", "resnet9000"], "unknown model"),
+    (["--steps", "0"], "--steps must be at least 1"),
+])
+def test_bad_bench_options_stop_with_exit_code_2(args, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        load_solution().parse_args(args)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--compile-mode", "turbo"], "--compile-mode turbo"),
+    (["--device", "cpu", "--compile-mode", "reduce-overhead"], "GPU only"),
+])
+def test_bad_compile_mode_stops_train_classifier_with_exit_code_2(args, message, capsys):
+    from train_options import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--data", "synthetic", "--model", "resnet18", *args])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_options_end_without_a_traceback_before_any_record(tmp_path):
+    for script, args in ((SOLUTION, ["--variants", "jit"]), (TRAIN, ["--data", "synthetic", "--compile-mode", "turbo"])):
+        done = subprocess.run([PYTHON, str(script), "--runs-dir", str(tmp_path), *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_compile_mode_reaches_torch_compile(tmp_path):
+    """--compile-mode implies --compile: the config holds the mode and the model the loop called was compiled."""
+    needs_compiler()
+    runs = tmp_path / "runs"
+    cmd = [PYTHON, str(TRAIN), "--runs-dir", str(runs), "--data", "synthetic", "--num-classes", "4", "--device", "cpu",
+           "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--test", "--test-nsteps", "1",
+           "--compile-mode", "default"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": "mode"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = read_rank(runs / "mode" / "rank0")["run"]
+    assert run["config"]["compile"] is True and run["config"]["compile_mode"] == "default"
+    assert run["observed"]["compiled"] is True
+
+
+# ---- the per-user inductor cache of jobs -------------------------------------------------------------------
+
+def test_compile_caches_default_per_user_and_keep_a_chosen_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    caches = jobenv.compile_caches({})
+    assert caches == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / ".cache" / "dlokit" / "inductor"),
+                      "TRITON_CACHE_DIR": str(tmp_path / ".cache" / "dlokit" / "triton")}
+    assert jobenv.compile_caches({"TORCHINDUCTOR_CACHE_DIR": "/scratch/me/inductor"})["TORCHINDUCTOR_CACHE_DIR"] == \
+        "/scratch/me/inductor"
+    # importing torch._inductor writes torch's shared /tmp default into the environment: not a choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    env = jobenv.task_environment(runs_dir=tmp_path, job_name="x", cpus_per_task=1)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == caches["TORCHINDUCTOR_CACHE_DIR"]
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("local-slurm", marks=pytest.mark.slurm)], indirect=True)
+def test_submitted_job_compiles_into_the_users_cache(backend, workspace, monkeypatch):
+    """The job sees TORCHINDUCTOR_CACHE_DIR under the user's home (not /tmp/torchinductor_<user>): the record
+    holds the folder torch itself resolved inside the job."""
+    import dlokit
+
+    home = workspace / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    command = [str(STUDENT), *SMALL_FUNCTION, "--variants", "eager", "--device", "cpu"]
+    [job_id] = dlokit.gpu_jobs_submitter(shlex.join(command), n_gpu=1, name="cache", time_max="00:05:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=300)
+    assert outcome.state == "COMPLETED", str(outcome)
+    run = read_rank(workspace / "runs" / job_id / "rank0")["run"]
+    assert run["config"]["inductor_cache_dir"] == str(home / ".cache" / "dlokit" / "inductor")

@@ -1,0 +1,273 @@
+"""Day 3 on the training script: optimisers, schedules, LR scaling, the LR range test, the hard 32 px data,
+results tracking; solution and student copies.
+
+Script runs are real subprocesses with one thread and a handful of steps on on-device random batches
+(--data synthetic) or a tiny generated folder; the optimiser and LR-finder modules are also loaded by path
+(solution and generated student copy side by side) and run on a small model in this process.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlokit.runrecord import read_rank
+
+REPO = Path(__file__).resolve().parents[1]
+TP_SCRIPTS = REPO / "tp_scripts"
+SOLUTIONS = TP_SCRIPTS / "solutions"
+SCRIPT = SOLUTIONS / "train_classifier.py"
+STUDENT = TP_SCRIPTS / "train_classifier.py"
+GENERATOR = REPO / "data" / "make_synthetic_imagenet.py"
+PYTHON = sys.executable
+TINY = ["--model", "resnet18", "--image-size", "32", "--print-every", "1000", "--batch-size", "4"]
+SYNTHETIC = ["--data", "synthetic", "--num-classes", "4", "--device", "cpu"]
+
+
+def load(path: Path, name: str):
+    """A module from its file: the solution and the student copy side by side, whatever sys.path says."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(runs: Path, run_id: str, *args, script=SCRIPT, env=None, check=True, timeout=300):
+    cmd = [PYTHON, str(script), "--runs-dir", str(runs), *TINY, *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
+    return done
+
+
+def record(runs: Path, run_id: str) -> dict:
+    return read_rank(runs / run_id / "rank0")
+
+
+def lrs_of(rec: dict) -> list[float]:
+    return [m["lr"] for m in rec["metrics"] if m["kind"] == "step"]
+
+
+# ---- optimisers and schedules ------------------------------------------------------------------------
+
+def test_solution_builds_every_optimizer_and_the_student_copy_only_sgd():
+    import torch
+
+    solution, student = load(SOLUTIONS / "optim_setup.py", "optim_solution"), load(TP_SCRIPTS / "optim_setup.py",
+                                                                                     "optim_student")
+    expected = {"sgd": "torch.optim.sgd.SGD", "adamw": "torch.optim.adamw.AdamW", "lamb": "timm.optim.lamb.Lamb",
+                "lars": "timm.optim.lars.Lars", "lion": "timm.optim.lion.Lion"}
+    for name, cls in expected.items():
+        model = torch.nn.Linear(4, 2)
+        optimizer = solution.build_optimizer(name, model.parameters(), 0.01, 0.9, 1e-4)
+        assert f"{type(optimizer).__module__}.{type(optimizer).__name__}" == cls
+        before = model.weight.detach().clone()
+        model(torch.randn(8, 4)).square().mean().backward()
+        optimizer.step()
+        assert not torch.equal(before, model.weight), f"{name} did not move the weights"
+        assert type(student.build_optimizer(name, model.parameters(), 0.01, 0.9, 1e-4)) is torch.optim.SGD
+
+
+def test_lr_scaling_rule():
+    optim_setup = load(SOLUTIONS / "optim_setup.py", "optim_rule")
+    assert optim_setup.peak_lr(0.1, 1024, 256, "none") == 0.1
+    assert optim_setup.peak_lr(0.1, 1024, 256, "linear") == pytest.approx(0.4)
+    assert optim_setup.peak_lr(0.1, 1024, 256, "sqrt") == pytest.approx(0.2)
+    assert optim_setup.peak_lr(0.1, 64, 256, "linear") == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize("options, optimizer_class, peak", [
+    (["--optimizer", "lamb", "--lr-schedule", "constant", "--warmup-steps", 3, "--lr", 0.01,
+      "--lr-scaling", "linear", "--base-batch-size", 2], "timm.optim.lamb.Lamb", 0.02),
+    (["--optimizer", "lars", "--lr-schedule", "cosine", "--warmup-epochs", 0.5, "--lr", 0.04,
+      "--lr-scaling", "sqrt", "--base-batch-size", 16, "--cifar-stem"], "timm.optim.lars.Lars", 0.02),
+])
+def test_optimizer_and_schedule_show_in_the_record(tmp_path, options, optimizer_class, peak):
+    run(tmp_path, "sched", *SYNTHETIC, "--synthetic-steps", 6, "--epochs", 2, *options)
+    rec = record(tmp_path, "sched")
+    config = rec["run"]["config"]
+    assert config["optimizer_class"] == optimizer_class and config["lr_peak"] == pytest.approx(peak)
+    assert config["warmup_steps"] == 3  # --warmup-epochs 0.5 of 6 steps per epoch: 3
+    if config["cifar_stem"]:  # a 3x3 first convolution instead of 7x7: 64 x 3 x (49 - 9) weights fewer
+        import torchvision
+
+        full = sum(p.numel() for p in torchvision.models.resnet18(num_classes=4).parameters())
+        assert config["param_count"] == full - 64 * 3 * 40
+    lrs = lrs_of(rec)
+    assert len(lrs) == 12
+    assert lrs[:4] == pytest.approx([peak / 4, peak / 2, peak * 3 / 4, peak])  # linear warm-up to the peak
+    if config["lr_schedule"] == "constant":
+        assert lrs[3:] == pytest.approx([peak] * 9)
+    else:  # cosine: falls every step after the warm-up, towards zero
+        assert all(b < a for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < peak * 0.05
+
+
+def test_student_copy_builds_sgd_for_any_name_with_the_default_one_cycle(tmp_path):
+    """The generated tp_scripts/train_classifier.py imports the generated tp_scripts/optim_setup.py, whose
+    untouched TP3.1 builds SGD whatever --optimizer says; the default schedule is still the one cycle."""
+    run(tmp_path, "student", *SYNTHETIC, "--synthetic-steps", 10, "--optimizer", "lamb", "--lr", 0.1, script=STUDENT)
+    rec = record(tmp_path, "student")
+    assert rec["run"]["config"]["optimizer_class"] == "torch.optim.sgd.SGD"
+    lrs = lrs_of(rec)  # one cycle: rises over the first 30 %, then anneals
+    peak = lrs.index(max(lrs))
+    assert max(lrs) == pytest.approx(0.1) and 1 <= peak <= 3 and lrs[0] < 0.01 and lrs[-1] < 0.01
+    assert all(b <= a for a, b in zip(lrs[peak:], lrs[peak + 1:]))
+
+
+# ---- LR range test --------------------------------------------------------------------------------------
+
+def range_test(module_path: Path, name: str):
+    import torch
+
+    finder = load(module_path, name)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    batches = [(torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))) for _ in range(3)]
+
+    def make_optimizer(lr):
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    trials = finder.lr_range_test(model, make_optimizer, batches, torch.nn.CrossEntropyLoss(), None,
+                                  finder.log_spaced(1e-3, 1.0, 5))
+    return finder, trials
+
+
+def test_lr_range_trials_start_from_the_same_loss_in_the_solution_only():
+    finder, trials = range_test(SOLUTIONS / "lr_range_test.py", "finder_solution")
+    assert len(trials) >= 4
+    assert len({t["first_loss"] for t in trials}) == 1  # same weights, same batch: the very same number
+    assert [t["lr"] for t in trials] == pytest.approx([1e-3, 10 ** -2.25, 10 ** -1.5, 10 ** -0.75, 1.0][:len(trials)])
+    summary = finder.suggest_lr(trials)
+    assert summary["lr_finder_first_loss_spread"] == 0
+    assert summary["lr_finder_suggested_lr"] == pytest.approx(summary["lr_finder_min_loss_lr"] / 10)
+    best = min((t for t in trials if not t["diverged"]), key=lambda t: t["smoothed_loss"])
+    assert summary["lr_finder_min_loss_lr"] == best["lr"]
+
+    _, drifting = range_test(TP_SCRIPTS / "lr_range_test.py", "finder_student")
+    assert drifting[0]["first_loss"] == trials[0]["first_loss"]  # the first trial is the same...
+    assert len({t["first_loss"] for t in drifting}) == len(drifting)  # ...then each starts where the last ended
+
+
+def test_lr_finder_run_records_its_trials_and_suggestion(tmp_path):
+    run(tmp_path, "lrf", *SYNTHETIC, "--lr-finder", "--lr-finder-min", 1e-4, "--lr-finder-max", 10,
+        "--lr-finder-trials", 6, "--lr-finder-steps", 3)
+    rec = record(tmp_path, "lrf")
+    trials = [m for m in rec["metrics"] if m["kind"] == "lr_trial"]
+    summary = rec["summary"]
+    assert rec["state"] == "completed" and 2 <= len(trials) <= 6 == rec["run"]["config"]["lr_finder_trials"]
+    assert not [m for m in rec["metrics"] if m["kind"] == "step"]  # no training steps: trials only
+    assert len({t["first_loss"] for t in trials}) == 1 and summary["lr_finder_first_loss_spread"] == 0
+    assert [t["trial"] for t in trials] == list(range(len(trials)))
+    assert all(b["lr"] > a["lr"] for a, b in zip(trials, trials[1:]))
+    assert all(len(t["losses"]) == t["steps"] and t["final_loss"] == t["losses"][-1] for t in trials)
+    assert summary["lr_finder_trials"] == len(trials) and summary["lr_finder_rule"] == "min_loss_lr/10"
+    assert summary["lr_finder_suggested_lr"] == pytest.approx(summary["lr_finder_min_loss_lr"] / 10)
+    assert summary["steps"] == sum(t["steps"] for t in trials)
+
+
+# ---- bad options: a message and exit code 2 ---------------------------------------------------------------
+
+@pytest.fixture
+def refused(capsys, monkeypatch):
+    """refused(options) parses them as the script does, expects exit code 2 and returns the message."""
+    monkeypatch.syspath_prepend(str(TP_SCRIPTS))  # train_options and the shared modules it imports
+    from train_options import parse_args
+
+    def refuse(argv, world_size=1, cuda_available=False) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args([*TINY, "--data", "synthetic", *map(str, argv)], world_size=world_size,
+                       cuda_available=cuda_available)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err
+
+    return refuse
+
+
+def test_bad_day3_options_are_refused(refused):
+    assert "invalid choice: 'adam'" in refused(["--optimizer", "adam"])
+    assert "invalid choice: 'step'" in refused(["--lr-schedule", "step"])
+    assert "invalid choice: 'cubic'" in refused(["--lr-scaling", "cubic"])
+    assert "not both" in refused(["--warmup-steps", 2, "--warmup-epochs", 1])
+    assert "cannot be negative" in refused(["--warmup-steps", -1])
+    assert "--lr must be positive" in refused(["--lr", 0])
+    assert "mobilenet_v2 is not a ResNet" in refused(["--cifar-stem", "--model", "mobilenet_v2"])
+    assert "runs in one process (2 here)" in refused(["--lr-finder"], world_size=2)
+    assert "smaller than --lr-finder-max" in refused(["--lr-finder", "--lr-finder-min", 1, "--lr-finder-max", 1])
+    assert "at least 2" in refused(["--lr-finder", "--lr-finder-trials", 1])
+    assert "fp32 or --amp bf16" in refused(["--lr-finder", "--amp", "fp16"], cuda_available=True)
+    if importlib.util.find_spec("wandb") is None:
+        assert "--wandb: the wandb package is not installed" in refused(["--wandb"])
+
+
+def test_a_warmup_longer_than_the_run_exits_2_without_traceback(tmp_path):
+    done = run(tmp_path, "long", *SYNTHETIC, "--test", "--test-nsteps", 3, "--warmup-steps", 5, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "warm-up (5 steps) must be shorter than the run (3 steps)" in done.stderr
+
+
+# ---- the hard 32 px data ---------------------------------------------------------------------------------
+
+def test_hard_data_is_square_32px_deterministic_with_shared_shapes(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from dlokit import day
+
+    monkeypatch.setattr(day, "REPO", tmp_path)  # the day's data folder goes under tmp_path
+    folder = Path(day.synthetic_data(2, 32, hard=True))
+    assert folder.name == "hard-2x10-32px"
+    files = sorted((folder / "train").rglob("*.JPEG"))
+    assert len(files) == 20 and len(list((folder / "val").rglob("*.JPEG"))) == 40
+    with Image.open(files[0]) as image:
+        assert image.size == (32, 32)
+    shapes = [line.split("\t")[1].split(",")[0] for line in (folder / "classes.txt").read_text().splitlines()]
+    assert len(shapes) == 10 and len(set(shapes)) == 5  # two classes per shape, told apart by hue
+    again = tmp_path / "again"
+    subprocess.run([PYTHON, str(GENERATOR), "--out", str(again), "--hard", "--train-per-class", "2",
+                    "--val-per-class", "4", "--quiet"], check=True, timeout=60)
+    assert all((again / f.relative_to(folder)).read_bytes() == f.read_bytes() for f in files)
+
+
+# ---- results tracking, and no key anywhere -----------------------------------------------------------------
+
+def files_holding(root: Path, secret: str) -> list[Path]:
+    needle = secret.encode()
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("local-slurm", marks=pytest.mark.slurm)],
+                         indirect=True)
+def test_tensorboard_events_and_no_api_key_in_any_file(backend, workspace, monkeypatch):
+    import dlokit
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    key = f"wandb-test-{secrets.token_hex(16)}"
+    monkeypatch.setenv("WANDB_API_KEY", key)  # the notebook's environment: inherited by every job
+    # the scanner finds the key where it is (text and binary files)
+    (workspace / "planted.bin").write_bytes(b"\x00\x01" + key.encode() + b"\xff")
+    assert files_holding(workspace, key) == [workspace / "planted.bin"]
+    (workspace / "planted.bin").unlink()
+
+    runs = workspace / "runs"
+    run(runs, "tracked", *SYNTHETIC, "--test", "--test-nsteps", 3, "--tensorboard", env={"WANDB_API_KEY": key})
+    rec = record(runs, "tracked")
+    events = EventAccumulator(rec["run"]["tracking"]["tensorboard"])
+    events.Reload()
+    assert {"train/loss", "train/acc", "train/lr", "train/img_per_s"} <= set(events.Tags()["scalars"])
+    assert [e.value for e in events.Scalars("train/lr")] == pytest.approx(lrs_of(rec))
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+
+    command = [str(SCRIPT), *TINY, *SYNTHETIC, "--test", "--test-nsteps", 2, "--tensorboard"]
+    [job_id] = dlokit.gpu_jobs_submitter(shlex.join(map(str, command)), n_gpu=1, name="secret", time_max="00:05:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=300)
+    assert outcome.state == "COMPLETED", str(outcome)
+    assert dlokit.show_script(job_id) and list((workspace / "jobs").rglob(f"{job_id}*_job.json"))
+    assert list((runs / job_id).rglob("events.out.tfevents.*"))
+    assert files_holding(workspace, key) == []

@@ -1,0 +1,227 @@
+"""Hyper-parameter search (dlokit.hpo): an Optuna study whose trials are real jobs of the training script,
+pruned from the validation accuracy each epoch, kept in a journal file, resumed after its notebook died."""
+from __future__ import annotations
+
+import functools
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import dlokit
+from dlokit import hpo, jobs
+from dlokit.runrecord import read_rank
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = REPO / "tp_scripts" / "solutions"
+SMALL_SPACE = {"lr": ("log", 0.01, 0.2), "label_smoothing": ("float", 0.0, 0.2)}
+
+DRIVER = """
+import functools, sys
+from dlokit import hpo
+name, command, n_trials, scripts = sys.argv[1:]
+space = hpo.load_space(scripts)
+study = hpo.open_study(name, sampler="random", pruner="none")
+hpo.run_study(study, functools.partial(space.trial_options, space={"lr": ("log", 0.01, 0.2)}), command,
+              n_trials=int(n_trials), poll_s=0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images") / "tiny"
+    subprocess.run([sys.executable, str(REPO / "data" / "make_synthetic_imagenet.py"), "--out", str(root),
+                    "--classes", "4", "--train-per-class", "8", "--val-per-class", "4", "--size", "40",
+                    "--quiet"], check=True)
+    return root
+
+
+def command(images, epochs: int = 2) -> str:
+    return (f"{SOLUTIONS / 'train_classifier.py'} --data {images} --model resnet18 --image-size 32 "
+            f"--batch-size 8 --epochs {epochs} --print-every 100")
+
+
+def options(space=SMALL_SPACE):
+    return functools.partial(hpo.load_space(SOLUTIONS).trial_options, space=space)
+
+
+def test_study_of_four_trials_completes(workspace, tiny_images, capsys):
+    space = hpo.load_space(SOLUTIONS)
+    grid = {"lr": [0.01, 0.1], "label_smoothing": [0.0, 0.1]}
+    study = hpo.open_study("grid4", sampler="grid", pruner="none", search_space=grid)
+    table = hpo.run_study(study, options(), command(tiny_images), n_trials=10, n_parallel=2, name="hpo4",
+                          poll_s=0.5)
+
+    trials = study.trials
+    assert len(trials) == 4  # the grid has 4 points: the study stops there, not at n_trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert {(t.params["lr"], t.params["label_smoothing"]) for t in trials} == {(a, b) for a in grid["lr"]
+                                                                              for b in grid["label_smoothing"]}
+    ids = [t.user_attrs["job_id"] for t in trials]
+    assert len(set(ids)) == 4 and {c.job_id for c in jobs.all_cards()} == set(ids)
+    for trial in trials:
+        card = jobs.find_card(trial.user_attrs["job_id"])
+        record = read_rank(card.run_dir / "rank0")
+        assert record["state"] == "completed"
+        assert trial.value == record["summary"]["val_acc"]  # the study's value is the run's last validation
+        assert sorted(trial.intermediate_values) == [1, 2]  # one report per epoch, steps are epochs done
+        assert record["run"]["config"]["lr"] == trial.params["lr"]  # the job ran the options the trial chose
+        assert record["run"]["config"]["label_smoothing"] == trial.params["label_smoothing"]
+    assert list(table["state"]) == ["COMPLETE"] * 4 and {"val_acc", "lr", "label_smoothing", "job_id"} <= set(table)
+    assert (workspace / "runs" / "hpo" / "grid4.journal").is_file()
+    figures = hpo.figures(study)
+    assert set(figures) == {"history", "intermediate", "importances"}
+    assert all(f.axes for f in figures.values())
+    printed = capsys.readouterr().out
+    assert printed.count("submitted with --lr") == 4 and "epoch 2 val_acc" in printed
+    reopened = hpo.open_study("grid4", sampler="grid", pruner="none", search_space=grid)  # from the journal
+    assert [t.value for t in reopened.trials] == [t.value for t in trials]
+    assert space.grid({"lr": ("log", 0.01, 0.1)}, points=2) == {"lr": [0.01, 0.1]}
+
+
+def test_pruner_cancels_the_job_of_a_pruned_trial(workspace, tiny_images):
+    """ThresholdPruner(lower=1.01) prunes any accuracy after the first epoch: both 30-epoch jobs stop early."""
+    study = hpo.open_study("pruned", sampler="random", pruner=optuna.pruners.ThresholdPruner(lower=1.01))
+    hpo.run_study(study, options(), command(tiny_images, epochs=30), n_trials=2, poll_s=0.5)
+
+    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 2
+    for trial in study.trials:
+        assert 1 <= trial.user_attrs["pruned_at_epoch"] < 30 and "cancelled" in trial.user_attrs["outcome"]
+        [outcome] = dlokit.wait(trial.user_attrs["job_id"], timeout_s=60)
+        assert outcome.state == "CANCELLED"
+        record = read_rank(jobs.find_card(outcome.job_id).run_dir / "rank0")
+        assert record["summary"]["status"] == "cancelled"
+        assert record["summary"]["steps"] < record["run"]["config"]["total_steps"]  # stopped before its 30 epochs
+
+
+def test_failed_job_makes_a_fail_trial_with_its_error(workspace, tiny_images):
+    study = hpo.open_study("bad", sampler="random", pruner="none")
+    table = hpo.run_study(study, lambda trial: ["--no-such-option", str(trial.suggest_int("x", 1, 3))],
+                          command(tiny_images), n_trials=1, poll_s=0.5)
+    [trial] = study.trials
+    assert trial.state == TrialState.FAIL
+    assert "FAILED" in trial.user_attrs["outcome"]
+    assert "unrecognized arguments: --no-such-option" in trial.user_attrs["outcome"]
+    assert table.loc[0, "state"] == "FAIL"
+
+
+def test_killed_notebook_resumes_the_study_without_duplicate_jobs(workspace, tiny_images, capsys):
+    script = workspace / "driver.py"
+    script.write_text(DRIVER)
+    first = subprocess.Popen([sys.executable, str(script), "resumed", command(tiny_images, epochs=3), "2",
+                              str(SOLUTIONS)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    study = hpo.open_study("resumed", sampler="random", pruner="none")
+    deadline = time.time() + 120
+    while True:  # kill the "notebook" while trial 0's job runs
+        assert first.poll() is None and time.time() < deadline, first.stderr.read() if first.poll() else "too slow"
+        trials = study.trials
+        job_id = trials[0].user_attrs.get("job_id") if trials else None
+        if job_id and dlokit.job_outcome(job_id).state == "RUNNING":
+            break
+        time.sleep(0.3)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    orphan = study.trials[0]
+    assert orphan.state == TrialState.RUNNING
+
+    hpo.run_study(study, options({"lr": ("log", 0.01, 0.2)}), command(tiny_images, epochs=3), n_trials=2, poll_s=0.5)
+
+    trials = study.trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    assert trials[0].user_attrs["job_id"] == orphan.user_attrs["job_id"]  # followed again, not submitted again
+    assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+    assert sorted(c.job_id for c in jobs.all_cards()) == sorted(t.user_attrs["job_id"] for t in trials)
+    assert f"following job {orphan.user_attrs['job_id']} again" in capsys.readouterr().out
+
+
+def test_two_notebooks_share_one_study(workspace, tiny_images):
+    """Two run_study processes on one journal at once: n_trials in all, one job each, nothing lost."""
+    script = workspace / "driver.py"
+    script.write_text(DRIVER)
+    argv = [sys.executable, str(script), "shared", command(tiny_images), "2", str(SOLUTIONS)]
+    drivers = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [driver.communicate(timeout=240)[0] for driver in drivers]
+    assert [d.returncode for d in drivers] == [0, 0], outputs
+
+    study = hpo.open_study("shared", sampler="random", pruner="none")
+    trials = study.trials
+    assert len(trials) == 2 and [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    ids = [t.user_attrs["job_id"] for t in trials]
+    assert len(set(ids)) == 2 and sorted(c.job_id for c in jobs.all_cards()) == sorted(ids)
+    assert all(len(t.intermediate_values) == 2 for t in trials)
+
+
+def test_samplers_pruners_and_the_student_space(tmp_path):
+    """Sampler and pruner names give Optuna's own; the solution's space makes trials differ, the untouched
+    student copy (generated, TODO TP3.5) makes every trial the same and records no parameter."""
+    solution, student = hpo.load_space(SOLUTIONS), hpo.load_space(REPO / "tp_scripts")
+    expected = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+                "grid": optuna.samplers.GridSampler}
+    for name, kind in expected.items():
+        grid = solution.grid(SMALL_SPACE, points=2) if name == "grid" else None
+        study = hpo.open_study(f"s-{name}", storage_dir=tmp_path, sampler=name, search_space=grid)
+        assert isinstance(study.sampler, kind)
+        asked = [study.ask() for _ in range(4)]
+        chosen = [solution.trial_options(trial, SMALL_SPACE) for trial in asked]
+        assert len({tuple(c) for c in chosen}) == 4 and all(t.params for t in asked)
+    pruners = {"hyperband": optuna.pruners.HyperbandPruner, "none": optuna.pruners.NopPruner,
+               "successive-halving": optuna.pruners.SuccessiveHalvingPruner}
+    for name, kind in pruners.items():
+        assert isinstance(hpo.open_study(f"p-{name}", storage_dir=tmp_path, pruner=name).pruner, kind)
+
+    study = hpo.open_study("student", storage_dir=tmp_path, sampler="random")
+    asked = [study.ask() for _ in range(3)]
+    assert len({tuple(student.trial_options(t, SMALL_SPACE)) for t in asked}) == 1
+    assert not any(t.params for t in asked)
+
+
+def test_bad_arguments_are_refused_with_a_reason(workspace, tmp_path):
+    for name in ("../escape", "a/b", ".hidden", "", "x" * 101):
+        with pytest.raises(ValueError, match="study name"):
+            hpo.open_study(name, storage_dir=tmp_path)
+    with pytest.raises(ValueError, match="sampler='grid' needs search_space"):
+        hpo.open_study("g", storage_dir=tmp_path, sampler="grid")
+    with pytest.raises(ValueError, match="sampler 'bayes'"):
+        hpo.open_study("g", storage_dir=tmp_path, sampler="bayes")
+    with pytest.raises(ValueError, match="pruner 'median'"):
+        hpo.open_study("g", storage_dir=tmp_path, pruner="median")
+    hpo.open_study("d", storage_dir=tmp_path)
+    with pytest.raises(ValueError, match="created to maximize"):
+        hpo.open_study("d", storage_dir=tmp_path, direction="minimize")
+    study = hpo.open_study("r", storage_dir=tmp_path)
+    for kwargs, match in (({"n_trials": 0}, "n_trials"), ({"metric": "best_val_acc"}, "metric"),
+                          ({"poll_s": -1}, "poll_s"), ({"n_gpu": [1, 2]}, "n_gpu"), ({"gpus": 2}, "unknown option")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            hpo.run_study(study, options(), "train_classifier.py --epochs 1", **kwargs)
+    with pytest.raises(FileNotFoundError, match="hpo_space.py"):
+        hpo.load_space(tmp_path)
+    assert study.trials == []  # nothing was asked or submitted
+
+
+@pytest.mark.slurm
+def test_study_on_the_local_slurm(slurm_cluster, workspace, tiny_images):
+    """Two trials as Slurm jobs: one completes, the other is pruned after its first epoch and scancelled."""
+    dlokit.use_profile("local-slurm")
+
+    class PruneSecondTrial(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return trial.number == 1
+
+    def make_options(trial):  # the trial to prune runs long enough to be caught running
+        return [*options()(trial), "--epochs", "2" if trial.number == 0 else "30"]
+
+    study = hpo.open_study("on-slurm", sampler="random", pruner=PruneSecondTrial())
+    hpo.run_study(study, make_options, command(tiny_images), n_trials=2, name="hposlurm", poll_s=1.0,
+                  time_max="00:05:00")
+    first, second = study.trials
+    assert first.state == TrialState.COMPLETE and sorted(first.intermediate_values) == [1, 2]
+    assert second.state == TrialState.PRUNED
+    [outcome] = dlokit.wait(second.user_attrs["job_id"], timeout_s=120)
+    assert outcome.state == "CANCELLED"
