@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Set up DLO-Kit on this machine: a virtual environment in .venv with the pinned packages, the kit
-# installed editable, and (with --with-slurm / --with-browser) the Debian packages the tests need.
+# installed editable, and (with --with-slurm / --with-browser) the Debian packages the tests need;
+# --with-hub also builds the JupyterHub environment (scripts/jupyterhub/setup.sh).
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-with_slurm=0; with_browser=0
+with_slurm=0; with_browser=0; with_hub=0
 for arg in "$@"; do
   case "$arg" in
     --with-slurm) with_slurm=1 ;;
     --with-browser) with_browser=1 ;;
-    *) echo "usage: $0 [--with-slurm] [--with-browser]" >&2; exit 2 ;;
+    --with-hub) with_hub=1 ;;
+    *) echo "usage: $0 [--with-slurm] [--with-browser] [--with-hub]" >&2; exit 2 ;;
   esac
 done
 
@@ -28,6 +30,11 @@ apt_install() {  # install Debian packages that are missing (needs root, as in C
 
 [ "$with_slurm" = 1 ] && apt_install slurmctld slurmd slurm-client slurmdbd munge mariadb-server
 [ "$with_browser" = 1 ] && apt_install chromium
+# torch.compile on the CPU builds its kernels with a C++ compiler (Day 3); without one those cells say they skip
+if ! command -v "${CXX:-g++}" >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then apt_install g++
+  else echo "setup: no C++ compiler (${CXX:-g++}): the torch.compile cells will be skipped; install g++ to run them" >&2; fi
+fi
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -41,4 +48,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     { cat "$log" >&2; echo "setup: pip install failed (log above, also in $log)" >&2; exit 1; }
   echo "$wanted" > "$stamp"
 fi
+# the hub's own venv (students cannot run .venv's Python); if it cannot be built, only the hub test fails
+[ "$with_hub" = 1 ] && { bash scripts/jupyterhub/setup.sh ||
+  echo "setup: the JupyterHub environment could not be set up (above): tests/test_jupyterhub.py will fail" >&2; }
 echo "setup: ready ($(.venv/bin/python -c 'import torch, dlokit; print("torch", torch.__version__, "| dlokit", dlokit.__version__)'))"

@@ -19,3 +19,12 @@ __all__ = [
     "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
     "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
 ]
+
+
+def __getattr__(name: str):
+    """`dlokit.hpo` (Day 3, Optuna) is imported on first use: jobs and other days never load Optuna."""
+    if name == "hpo":
+        import importlib
+
+        return importlib.import_module(".hpo", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -59,10 +59,11 @@ class Day:
                 "--batch-size", str(batch_size or self.batch_size), *length, "--print-every", "1", *map(str, options)]
         return shlex.join(argv)
 
-    def submit(self, commands, n_gpu=1, wait: bool = True, **options) -> list[str]:
-        """Submit (one job per command x GPU count), show the live queue until they end, return the ids."""
+    def submit(self, commands, n_gpu=1, wait: bool = True, tp: str | None = None, **options) -> list[str]:
+        """Submit (one job per command x GPU count), show the live queue until they end, return the ids.
+        `tp` ("TP1.2", "race") tags the jobs' records: the instructor's class report groups runs by it."""
         ids = gpu_jobs_submitter(commands, n_gpu=n_gpu, name=self.nickname, time_max=self.time_max, wait=wait,
-                                 refresh_s=self.refresh_s, **options)
+                                 refresh_s=self.refresh_s, tag=tp, **options)
         self.submitted += ids
         return ids
 
@@ -100,10 +101,15 @@ class Day:
         return "\n".join(lines)
 
 
-def synthetic_data(train_per_class: int, image_size: int, classes: int = 10) -> str:
-    """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused)."""
-    source_size = max(64, image_size * 5 // 4)  # a little larger than the crop, like ImageNet photos
-    folder = REPO / "data" / "generated" / f"shapes-{train_per_class}x{classes}-{source_size}px"
+def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, hard: bool = False) -> str:
+    """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused).
+
+    hard: the CIFAR-like set of Day 3 (make_synthetic_imagenet.py --hard), square images of the crop's size."""
+    source_size = image_size if hard else max(64, image_size * 5 // 4)  # ImageNet-like: a little larger than the crop
+    kind = "hard" if hard else "shapes"
+    folder = REPO / "data" / "generated" / f"{kind}-{train_per_class}x{classes}-{source_size}px"
+    if (folder / "train").is_dir():  # made already: no lock, so students on JupyterHub need no write access
+        return str(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):  # two notebooks starting together make it once
         if not (folder / "train").is_dir():
@@ -111,7 +117,8 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10) -> 
             shutil.rmtree(partial, ignore_errors=True)
             subprocess.run([sys.executable, str(DATA_MAKER), "--out", str(partial), "--classes", str(classes),
                             "--train-per-class", str(train_per_class),
-                            "--val-per-class", str(max(4, train_per_class // 5)), "--size", str(source_size)], check=True)
+                            "--val-per-class", str(max(4, train_per_class // 5)), "--size", str(source_size),
+                            *(["--hard"] if hard else [])], check=True)
             partial.rename(folder)  # complete or absent, never half-written
     return str(folder)
 
@@ -119,8 +126,9 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10) -> 
 def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = None, train_per_class: int = 32,
               model: str = "resnet18", image_size: int = 64, batch_size: int = 16, steps: int = 10,
               time_max: str = "00:10:00", refresh_s: float = 5.0, script: str = "train_classifier.py",
-              verbose: bool = True) -> Day:
-    """Choose the profile, find the training script, make or find the data; returns the Day."""
+              verbose: bool = True, hard_data: bool = False) -> Day:
+    """Choose the profile, find the training script, make or find the data; returns the Day.
+    hard_data: generate the hard CIFAR-like set (Day 3) when `data` is None."""
     chosen = use_profile(profile)
     path = Path(scripts) / script
     if not path.is_file():
@@ -128,7 +136,7 @@ def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = N
                                 "'../tp_scripts/solutions' (the reference); regenerate yours with "
                                 "`python -m dlokit.material build` at the top of the repository")
     if data is None:
-        data = synthetic_data(train_per_class, image_size)
+        data = synthetic_data(train_per_class, image_size, hard=hard_data)
     elif data != "synthetic" and not (Path(data) / "train").is_dir():
         raise FileNotFoundError(f"DATA={data!r} has no train/ folder: give an ImageNet-layout folder "
                                 "(train/<class>/*.JPEG, val/...) or None to generate a small synthetic one")

@@ -5,14 +5,18 @@ running, was killed, failed or is missing: it says so in the table or figure ins
 matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame.
 """
 from dlokit.analysis.compare import Comparison, compare_runs
+from dlokit.analysis.compress import compression_plot, compression_table
 from dlokit.analysis.curves import training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
+from dlokit.analysis.compile_storage import compile_plot, compile_table, read_plot, read_table
+from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plot, optimizer_table
 from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch, throughput_vs_batch
 from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import overlapping
+from dlokit.analysis.pipeline import bubble_plot, bubble_table, pipeline_events, pipeline_timeline
 from dlokit.analysis.scaling import ScalingError, scaling_plot, scaling_table
 from dlokit.analysis.table import config_value, runs_table
 
@@ -27,4 +31,6 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
 __all__ = ["Comparison", "Run", "ScalingError", "overlapping", "breakdown_pie", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
-           "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves"]
+           "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",
+           "bubble_plot", "bubble_table", "compression_plot", "compression_table", "pipeline_events",
+           "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "read_plot", "read_table"]
