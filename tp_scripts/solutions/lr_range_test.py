@@ -8,7 +8,8 @@ Each trial trains the same few batches at one learning rate. Plotted against the
 the loss a trial reaches stays flat (too small to move), falls, bottoms out, then blows up. For the
 trials to be comparable, each must start from the same initial weights with a fresh optimiser: a trial
 that inherits the weights and the momentum of the previous ones measures the whole history, not its lr.
-Then every trial's first loss is the same number.
+Then every trial's first loss is the same number. Run by notebooks/day3_large_batch_compile_hpo.ipynb
+(through train_classifier.py --lr-finder).
 """
 import copy
 import math

@@ -8,7 +8,8 @@ A larger batch takes fewer steps per epoch, each with a less noisy gradient: the
 with it (linearly, or with its square root), a warm-up keeps the first steps of a large learning rate from
 blowing up the freshly initialised network, and the layer-wise adaptive optimisers (LARS, LAMB) scale each
 layer's step by the ratio of its weights' norm to its gradient's, which lets a very large batch train.
-SGD and AdamW come from torch, LAMB, LARS and Lion from timm.optim.
+SGD and AdamW come from torch, LAMB, LARS and Lion from timm.optim. Run by
+notebooks/day3_large_batch_compile_hpo.ipynb (through train_classifier.py --optimizer ...).
 """
 import math
 
