@@ -164,8 +164,9 @@ def storage(job_id):
     for workers, group in reads.groupby("num_workers"):
         if group["pixel_sum"].nunique() > 1 or group["images"].nunique() > 1:
             return failed(f"with {workers} workers the formats did not yield the same samples "
-                          f"({dict(zip(group['format'], group['pixel_sum']))}): convert again with "
-                          "data/convert_formats.py --force, then --verify", details)
+                          f"({dict(zip(group['format'], group['pixel_sum']))}): read each format's whole split (a part "
+                          "holds different images in each format's order); if they still differ, convert again "
+                          "with data/convert_formats.py --force, then --verify", details)
     fastest = reads.loc[reads["images_per_s"].idxmax()]
     return passed(f"{', '.join(formats)} yield the same samples; fastest here: {fastest['format']} with "
                   f"{fastest['num_workers']} workers ({fastest['images_per_s']:.0f} img/s)", details)
