@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import ids, load, load_completed
+from .records import load_completed, load_last
 
 EXPECTED_CLASS = {"sgd": "SGD", "adamw": "AdamW", "lamb": "Lamb", "lars": "Lars", "lion": "Lion"}
 SAME_START = 1e-4  # relative spread of the trials' first losses below which they started from the same weights
@@ -60,12 +60,9 @@ def optimizers(job_ids):
 def lr_finder(job_id):
     """Every trial of the --lr-finder run started from the same weights with a fresh optimiser (their first
     losses are the same number), and the run suggested a learning rate."""
-    wanted = ids(job_id)
-    if not wanted:
-        return failed("no job id given: pass the id the submission cell returned")
-    run, problem = load(wanted[-1])
+    run, problem = load_last(job_id)
     if problem:
-        return failed(problem)
+        return problem
     summary = run.summary
     trials = summary.get("lr_finder_trials") or 0
     spread = summary.get("lr_finder_first_loss_spread")
@@ -111,12 +108,9 @@ def hpo(study):
 def compilation(job_id):
     """The compile variants really compiled (an OptimizedModule that produced graphs), agree with eager, and
     recorded their compile time apart from their step time."""
-    wanted = ids(job_id)
-    if not wanted:
-        return failed("no job id given: pass the id the submission cell returned")
-    run, problem = load(wanted[-1])
+    run, problem = load_last(job_id)
     if problem:
-        return failed(problem)
+        return problem
     results = run.lines("compile_result")
     if results.empty:
         return failed(f"run {run.run_id} recorded no compile_result line: was it compile_bench.py?")
@@ -149,12 +143,9 @@ def compilation(job_id):
 def storage(job_id):
     """Every format gave the same samples (the read benchmark's pixel sum and image count agree across formats
     for each worker count) and every format was read."""
-    wanted = ids(job_id)
-    if not wanted:
-        return failed("no job id given: pass the id the submission cell returned")
-    run, problem = load(wanted[-1])
+    run, problem = load_last(job_id)
     if problem:
-        return failed(problem)
+        return problem
     reads = run.lines("read_result")
     if reads.empty:
         return failed(f"run {run.run_id} recorded no read_result line: was it read_bench.py?")

@@ -3,7 +3,7 @@ pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention
 from __future__ import annotations
 
 from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import ids, load
+from .records import ids, load, load_last
 
 SHARDED = 0.75  # a sharded state per rank must be under this share of DDP's (ideal: 1/N, minus unsharded bits)
 
@@ -110,10 +110,9 @@ def _busy_machine(runs) -> str | None:
 
 
 def _self_check(job_id, line_kind: str, todo: str):
-    (job_id,) = ids(job_id)
-    run, problem = load(job_id)
+    run, problem = load_last(job_id)
     if problem:
-        return failed(problem)
+        return problem
     lines = run.lines(line_kind)
     details = [f"{r.get('version', r.get('attention', '?'))}: ok {r.get('ok')}, max |Δ| output "
                f"{r.get('max_abs_diff_output')}" for r in lines.to_dict("records")]

@@ -52,6 +52,15 @@ def load(job_id):
     return run, None
 
 
+def load_last(job_ids):
+    """(the completed run of the last id given, None), or (None, a failed result saying what is wrong)."""
+    wanted = ids(job_ids)
+    if not wanted:
+        return None, failed("no job id given: pass the id the submission cell returned")
+    run, problem = load(wanted[-1])
+    return (None, failed(problem)) if problem else (run, None)
+
+
 def load_completed(job_ids) -> tuple[list, CheckResult | None]:
     """Load every run; returns (completed runs, a failed result when one is missing/unfinished/unobserved)."""
     wanted = ids(job_ids)
