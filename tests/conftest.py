@@ -26,6 +26,29 @@ def workspace(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def own_core(request, tmp_path, monkeypatch):
+    """A notebook test's local jobs have a core and device locks of their own.
+
+    The notebooks' jobs take the machine-wide device lock (dlokit.devices), so two notebook tests on two
+    pytest-xdist workers waited for each other's jobs while a core stood idle (5-15 s per job in CI).
+    Here each test locks in its own folder and, under xdist, its worker keeps to one core (gw0 core 0,
+    gw1 core 1, ...) while the test runs: the kernel and its jobs inherit it, so the two tests' jobs never
+    share a core. Not for tests on the local Slurm: its daemons, started by the first such test, would keep
+    that one core for the whole session."""
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not worker.startswith("gw") or len(cores) < 2 or "slurm_cluster" in request.fixturenames:
+        yield
+        return
+    os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:
@@ -120,12 +143,11 @@ def backend(request, workspace):
     return dlokit.use_profile(request.param)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs two workers), every test that needs the local Slurm goes
-    to one worker, which then starts one cluster for all of them; the rest spread over the others."""
+    """Under pytest-xdist (scripts/test.sh runs two workers), the tests of the two-node cluster go to one
+    worker, which starts that cluster once. The one-node cluster is a session fixture: each worker that
+    runs a test needing it starts its own (a few seconds), so those tests spread over both workers."""
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if "slurm_cluster" in item.fixturenames or params.get("backend") == "local-slurm":
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "slurm_cluster_2n" in item.fixturenames:  # its own cluster: may run beside the one-node tests
+        if "slurm_cluster_2n" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("slurm-2n"))

@@ -4,7 +4,10 @@ measured bubble falls with the number of micro-batches, as (p - 1) / (m + p - 1)
 The bubble runs use a workload where compute dominates the fixed costs of a micro-batch (32 x 128 tokens
 per step; at m = 4 a micro-batch of the tiny model is about 6 ms of forward) and one thread per rank,
 pinned to its own core (bench/pin_rank.py): with 16 x 64 tokens, or two unpinned ranks sharing the cores,
-send/receive waits and the schedule's own work weigh as much as the compute and the trend drowns.
+send/receive waits and the schedule's own work weigh as much as the compute and the trend drowns. The
+bubble is a wall-clock measurement, so its tests are marked `alone`: scripts/test.sh runs them after the
+parallel tests, with the machine's cores to themselves (beside another test's jobs, m = 2 measured 0.24 and
+m = 8 0.27 in CI).
 """
 import json
 import os
@@ -83,7 +86,7 @@ def test_every_stage_records_every_micro_batch(runs_dir, schedule_runs):
     assert len(figure.axes[0].get_yticklabels()) == 4
 
 
-@pytest.mark.slow
+@pytest.mark.alone
 def test_measured_bubble_falls_with_micro_batches(runs_dir, gpipe_runs):
     for m, run_id in gpipe_runs.items():
         assert_complete(runs_dir, run_id, stages=2, microbatches=m, steps=5)
@@ -94,7 +97,7 @@ def test_measured_bubble_falls_with_micro_batches(runs_dir, gpipe_runs):
     assert all(len(stages) == 2 for stages in table["idle_by_stage"])
 
 
-@pytest.mark.slow
+@pytest.mark.alone
 def test_views_draw_the_timeline_and_the_bubble(runs_dir, gpipe_runs):
     figure = pipeline_timeline(gpipe_runs[8], runs_dir=runs_dir)
     ax = figure.axes[0]

@@ -1,11 +1,12 @@
-"""The Day 1 and Day 2 notebooks, executed headless (papermill, cwd notebooks/) with the tiniest sizes.
+"""The day notebooks, executed headless (papermill, cwd notebooks/) with the tiniest sizes.
 
 * on the local backend with the reference solution: every check cell reports ✅ or "not applicable on
   this hardware: <why>" (never ❌), the DataLoader trials table has a row per trial, the scaling plot has
   a point per process count, and no run overlapped another;
-* Day 1 and Day 2 on the local backend with the untouched student scripts: the notebooks still run to
-  the end and the check cells of the TPs left undone report ❌;
-* both notebooks unchanged against the project's real local Slurm (4 fake GPUs).
+* with the untouched student scripts (Days 1-2 on the local backend, Days 3-4 on the local Slurm): the
+  notebooks still run to the end and the check cells of the TPs left undone report ❌;
+* Days 1 and 2 with the solutions, unchanged, against the project's real local Slurm (4 fake GPUs); Days 3
+  and 4 reach it through their student runs (a solution run there too cost CI ~5 minutes).
 
 A probe cell appended to a copy of the notebook prints what the test asserts on (the notebook itself is
 not changed); check results are read from their machine-readable output (dlokit.checks.MIME).
@@ -124,12 +125,17 @@ print("DLOKIT_PROBE " + json.dumps({
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
 }))
 """
+STUDENT_PROBE = """
+import json
+print("DLOKIT_PROBE " + json.dumps({{"profile": profile.name, {extra}}}))
+"""
 DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"}
 
 
 @pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    """Job logs and run records in a fresh folder; the kernel inherits these variables."""
+def isolated(tmp_path, monkeypatch, own_core):
+    """Job logs, run records and device locks in a fresh folder (a core of its own: conftest.own_core); the
+    kernel inherits these variables."""
     monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -231,23 +237,19 @@ def test_day3_local_solutions(isolated):
 
 
 @pytest.mark.slow
-def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
+@pytest.mark.slurm
+def test_day3_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_checks(isolated, slurm_cluster):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
-    results, _, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": str(student)}, "")
+    results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": str(student), "PROFILE": "local-slurm"},
+                                STUDENT_PROBE.format(extra='"read_formats": sorted(analysis.read_table(read_job[0])'
+                                                           '["format"].unique())'))
     found = by_check(results)
     for name, todo in (("TP3.1 optimisers and schedules", "TODO TP3.1"), ("TP3.2 LR range test", "TODO TP3.2"),
                        ("TP3.3 compilation", "TODO TP3.3"), ("TP3.5 hyper-parameter search", "TODO TP3.5")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP3.4 storage formats"]["status"] == "passed"  # no TODO there: a measurement TP
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_day3_on_local_slurm(isolated, slurm_cluster):
-    results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": "../tp_scripts/solutions",
-                                                 "PROFILE": "local-slurm"}, DAY3_PROBE)
-    check_day3(results, probe, "local-slurm")
+    assert probe["profile"] == "local-slurm" and probe["read_formats"] == ["folder", "raw", "webdataset"]
 
 
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 DDP out of memory, FSDP fits", "TP4.3 pipeline bubble",
@@ -278,22 +280,18 @@ def test_day4_local_solutions(isolated):
 
 
 @pytest.mark.slow
-def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
+@pytest.mark.slurm
+def test_day4_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_checks(isolated, slurm_cluster):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
     student_copy(REPO / "tp_scripts" / "llm", student / "llm")
-    results, _, _ = execute(DAY4, isolated, {**DAY4_TINY, "SCRIPTS": str(student), "LOSS_MODES": ["tp-scratch"]}, "")
+    results, probe, _ = execute(DAY4, isolated, {**DAY4_TINY, "SCRIPTS": str(student), "PROFILE": "local-slurm",
+                                                 "LOSS_MODES": ["tp-scratch"]},
+                                STUDENT_PROBE.format(extra='"oom_states": [dlokit.job_outcome(j).state for j in oom_jobs]'))
     found = by_check(results)
     for name, todo in (("TP4.1 memory per rank", "TODO TP4.1"), ("TP4.4 tensor parallel", "TODO TP4.4"),
                        ("TP4.5 context parallel", "TODO TP4.5")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP4.6 loss match"]["status"] == "failed"  # tensor parallel without its all-reduces: wrong maths
     assert found["TP4.2 DDP out of memory, FSDP fits"]["status"] == "passed"  # no TODO there
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_day4_on_local_slurm(isolated, slurm_cluster):
-    results, probe, _ = execute(DAY4, isolated, {**DAY4_TINY, "SCRIPTS": "../tp_scripts/solutions",
-                                                 "PROFILE": "local-slurm"}, DAY4_PROBE)
-    check_day4(results, probe, "local-slurm")
+    assert probe["profile"] == "local-slurm" and probe["oom_states"] == ["OUT_OF_MEMORY", "COMPLETED"]  # Slurm's --mem

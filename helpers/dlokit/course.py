@@ -12,7 +12,9 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,8 +29,16 @@ def ipc_kernel_manager():
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
+        # Each kernel's sockets in a folder of their own: jupyter_client's default "kernel-ipc-<n>" files
+        # sit in the working directory, where two kernels started together picked the same ones
+        # ("Invalid Signature" on every message, then "Kernel didn't respond").
         def __init__(self, **kwargs):
-            super().__init__(transport="ipc", **kwargs)
+            self._socket_dir = tempfile.mkdtemp(prefix="dlokit-kernel-")
+            super().__init__(transport="ipc", ip=os.path.join(self._socket_dir, "kernel"), **kwargs)
+
+        def cleanup_ipc_files(self) -> None:
+            super().cleanup_ipc_files()
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     return IPCKernelManager
 

@@ -244,8 +244,10 @@ launch munged munged -F --force --key-file="$ETC/munge.key" --socket="$MUNGE_SOC
     --pid-file="$RUN/munged.pid" --seed-file="$RUN/munged.seed"
 wait_for 10 munged munge -S "$MUNGE_SOCKET" -n
 
-# Small InnoDB files and lazy flushing: a throw-away accounting DB, bootstrapped in <1 s.
-DB_OPTS=(--no-defaults --user=root --datadir="$STATE_DIR/mysql" --skip-log-bin
+# Small InnoDB files and lazy flushing: a throw-away accounting DB, bootstrapped in <1 s. Its own tmpdir:
+# two clusters bootstrapping at once in /tmp collided on a temporary table's name ("Unknown table").
+mkdir -p "$STATE_DIR/mysql-tmp"
+DB_OPTS=(--no-defaults --user=root --datadir="$STATE_DIR/mysql" --tmpdir="$STATE_DIR/mysql-tmp" --skip-log-bin
     --performance-schema=OFF --innodb-buffer-pool-size=32M --innodb-log-file-size=8M
     --innodb-flush-log-at-trx-commit=2)
 if [[ ! -d "$STATE_DIR/mysql/mysql" ]]; then
