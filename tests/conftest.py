@@ -26,29 +26,6 @@ def workspace(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def own_core(request, tmp_path, monkeypatch):
-    """A notebook test's local jobs have a core and device locks of their own.
-
-    The notebooks' jobs take the machine-wide device lock (dlokit.devices), so two notebook tests on two
-    pytest-xdist workers waited for each other's jobs while a core stood idle (5-15 s per job in CI).
-    Here each test locks in its own folder and, under xdist, its worker keeps to one core (gw0 core 0,
-    gw1 core 1, ...) while the test runs: the kernel and its jobs inherit it, so the two tests' jobs never
-    share a core. Not for tests on the local Slurm: its daemons, started by the first such test, would keep
-    that one core for the whole session."""
-    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not worker.startswith("gw") or len(cores) < 2 or "slurm_cluster" in request.fixturenames:
-        yield
-        return
-    os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, cores)
-
-
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:

@@ -373,3 +373,16 @@ def test_energy_counts_each_physical_gpu_once(tmp_path):
             recorder.finish(energy_j=100.0 + 10 * rank, gpu_uuid=uuid)
     energy = dict(zip(*analysis.runs_table(["801", "802", "803"], tmp_path)[["run_id", "energy_j"]].T.values))
     assert energy == {"801": 110.0, "802": 210.0, "803": 210.0}
+
+
+def test_the_untuned_large_batch_gets_a_bar_of_its_own():
+    """Day 3's optimiser plot: a large-batch run whose LR was not scaled, beside a scaled one of the same
+    optimiser and batch, is a bar of its own, not hidden behind it."""
+    import pandas as pd
+
+    from dlokit.analysis.large_batch import _bar_labels
+
+    table = pd.DataFrame({"optimizer": ["sgd", "lamb", "sgd", "lamb", "sgd"],
+                          "global_batch": [32, 32, 1000, 1000, 1000],
+                          "lr_scaling": [None, None, "linear", "sqrt", "none"]})
+    assert _bar_labels(table) == ["sgd", "lamb", "sgd", "lamb", "sgd\n(LR not scaled)"]

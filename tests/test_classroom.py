@@ -90,3 +90,17 @@ def test_class_report_lists_both_students_with_failures_and_checks(class_of_two)
     for bad in (["report", str(tmp_path / "nowhere")], ["report", str(profile.runs), "--logs", str(tmp_path / "x")]):
         refused = subprocess.run([sys.executable, "-m", "dlokit.classroom", *bad], capture_output=True, text=True)
         assert refused.returncode == 2 and "error:" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_notebook_with_the_hub_default_nickname_names_its_student(tmp_path):
+    """The notebooks' default NICKNAME is the hub user: a notebook in no user's home counts as its default."""
+    from dlokit.classroom import notebook_nickname
+
+    path = tmp_path / "race.ipynb"
+    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
+            "source": ["import os\n", 'NICKNAME = os.environ.get("JUPYTERHUB_USER", "alice")  # your job name\n']}
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert notebook_nickname(path) == "alice"
+    cell["source"][1] = 'NICKNAME = os.environ.get("USER", "alice")\n'  # not the hub's variable: no nickname
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert notebook_nickname(path) is None

@@ -151,7 +151,8 @@ def hub(slurm_cluster, tmp_path):
     homes.chmod(0o755)
     password = secrets.token_urlsafe(12)
     port, api_port, proxy_port = free_ports(3)
-    env = {**os.environ, "DLOKIT_HUB_DIR": str(tmp_path / "hub"), "DLOKIT_HUB_PORT": str(port),
+    env = {**os.environ, "DLOKIT_HUB_DIR": str(tmp_path / "hub"), "DLOKIT_HUB_CLASS_DIR": str(homes / "class"),
+           "DLOKIT_HUB_PORT": str(port),
            "DLOKIT_HUB_API_PORT": str(api_port), "DLOKIT_HUB_PROXY_API_PORT": str(proxy_port)}
     if subprocess.run(["id", USER], capture_output=True).returncode == 0:  # left by an interrupted run
         run(["usermod", "--home", str(homes / USER), USER])
@@ -167,7 +168,8 @@ def hub(slurm_cluster, tmp_path):
             first, count = with_parameters(notebook, TINY)
             shutil.chown(notebook, USER)
             run(["bash", str(HUB_SCRIPTS / "start.sh")], env=env, timeout=120)
-            yield {"url": f"http://127.0.0.1:{port}", "password": password, "home": home, "cells": (first, count)}
+            yield {"url": f"http://127.0.0.1:{port}", "password": password, "home": home, "cells": (first, count),
+                   "runs": homes / "class" / "runs"}
         finally:
             subprocess.run(["bash", str(HUB_SCRIPTS / "stop.sh"), "--servers"], env=env, capture_output=True,
                            timeout=120)
@@ -218,8 +220,9 @@ def student_session(page, hub):
     page.wait_for_function(
         "() => document.querySelector('.dlokit-queue-widget').innerText.includes('none left')", timeout=120_000)
 
-    # the job ran on its own: its record carries its own id, not the notebook server's
-    records = hub["home"] / "notebooks" / "runs" / job_id / "rank0"
+    # the job ran on its own: its record carries its own id, not the notebook server's; it is in the class's
+    # folder, group-writable (the server's umask), where the leaderboard and the class report read it
+    records = hub["runs"] / job_id / "rank0"
     assert (records / "summary.json").is_file(), f"no run record; the job's logs:\n{job_logs(hub['home'])}"
     record = json.loads((records / "run.json").read_text())
     summary = json.loads((records / "summary.json").read_text())
@@ -227,6 +230,7 @@ def student_session(page, hub):
     assert record["run_id"] == job_id and record["world_size"] == 1, record
     assert summary["status"] == "completed", summary
     assert accounting(job_id) == {"job": job_id, "name": NICKNAME, "user": USER, "state": "COMPLETED"}
+    assert (records / "summary.json").stat().st_mode & 0o020, "the class folder's files are group-writable"
 
     page.goto(f"{hub['url']}/hub/home")
     page.click("#stop")

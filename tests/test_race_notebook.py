@@ -69,11 +69,11 @@ def execute(parameters: dict, out_dir: Path) -> tuple[list[dict], dict, str]:
 
 
 @pytest.fixture
-def isolated(tmp_path, monkeypatch, own_core):
-    """Job logs, run records, the leaderboard and the device locks in a fresh folder (a core of its own:
-    conftest.own_core); the kernel inherits them."""
+def isolated(tmp_path, monkeypatch):
+    """Job logs, run records, the leaderboard and the device locks in a fresh folder; the kernel inherits them."""
     monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
     return tmp_path

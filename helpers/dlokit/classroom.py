@@ -7,7 +7,8 @@ One row per student x TP: the check results (✅/❌/➖, from the executed note
 the failures with their causes, GPU-hours and energy. Where each comes from:
 
 * student: the job name the notebook submitted with (its NICKNAME): run records' `name`, job cards' `name`,
-  and a notebook's `NICKNAME = "..."` line;
+  and a notebook's `NICKNAME = "..."` line (its default, `os.environ.get("JUPYTERHUB_USER", ...)`, counts as
+  the Unix user whose home holds the notebook: the hub's student);
 * TP: the tag the job was submitted with (`day.submit(..., tp="TP1.2")`, `gpu_jobs_submitter(..., tag=...)`;
   race jobs are tagged "race"), written into the run record (`tag`) and the job card; untagged jobs are grouped
   as "untagged". A check result belongs to the TP its name starts with ("TP1.2 mixed precision"), other checks
@@ -112,10 +113,34 @@ def notebook_nickname(path: Path) -> str | None:
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NICKNAME" for t in node.targets) \
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                return node.value.value
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NICKNAME" for t in node.targets):
+                if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                    return node.value.value
+                hub_default = _hub_user_default(node.value)
+                if hub_default is not None:
+                    return _home_owner(path) or hub_default
     return None
+
+
+def _hub_user_default(value: ast.expr) -> str | None:
+    """X in `os.environ.get("JUPYTERHUB_USER", X)` (the notebooks' default NICKNAME), else None."""
+    if isinstance(value, ast.Call) and ast.unparse(value.func) == "os.environ.get" and len(value.args) == 2 \
+            and all(isinstance(a, ast.Constant) for a in value.args) and value.args[0].value == "JUPYTERHUB_USER":
+        return value.args[1].value
+    return None
+
+
+def _home_owner(path: Path) -> str | None:
+    """The user whose home holds this notebook, when they own it too: on the hub each student's notebooks
+    live in their home and run with JUPYTERHUB_USER set to their name."""
+    try:
+        import pwd
+
+        owner = pwd.getpwuid(path.stat().st_uid)
+    except (ImportError, KeyError, OSError):
+        return None
+    home = Path(owner.pw_dir)
+    return owner.pw_name if owner.pw_uid != 0 and home != Path("/") and home in path.resolve().parents else None
 
 
 def notebook_files(paths) -> list[Path]:

@@ -2,6 +2,8 @@
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HUB_DIR="$(realpath -m -- "${DLOKIT_HUB_DIR:-$REPO/.state/jupyterhub}")"
 VENV="$(realpath -m -- "${DLOKIT_HUB_VENV:-$REPO/.state/jupyterhub/venv}")"
+# the class's shared run records (and in them the race's leaderboard), writable by the course's group
+CLASS_DIR="$(realpath -m -- "${DLOKIT_HUB_CLASS_DIR:-$REPO/.state/class}")"
 CONFIG="${DLOKIT_HUB_CONFIG:-$REPO/scripts/jupyterhub/jupyterhub_config.py}"
 PORT="${DLOKIT_HUB_PORT:-8000}"
 API_PORT="${DLOKIT_HUB_API_PORT:-8081}"

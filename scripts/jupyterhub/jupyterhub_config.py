@@ -22,6 +22,7 @@ def setting(name, default=None):
 HUB_DIR = Path(setting("DLOKIT_HUB_DIR"))  # the hub's database, cookie secret, pid files
 VENV = Path(setting("DLOKIT_HUB_VENV"))  # jupyterhub, batchspawner, JupyterLab and the kit, readable by all
 PROFILES = setting("DLOKIT_HUB_PROFILES", str(Path(__file__).with_name("hub_profiles.toml")))
+CLASS_DIR = Path(setting("DLOKIT_HUB_CLASS_DIR"))  # the class's run records and race leaderboard (setup.sh)
 
 # --- where the hub listens --------------------------------------------------------------------------------
 c.JupyterHub.bind_url = f"http://{setting('DLOKIT_HUB_IP', '127.0.0.1')}:{setting('DLOKIT_HUB_PORT', '8000')}"
@@ -64,7 +65,8 @@ c.SlurmSpawner.req_runtime = setting("DLOKIT_HUB_RUNTIME", "")  # empty: the par
 # absolute commands: the job's PATH is the hub's, not the venv's (quoted: they go into the batch script)
 c.SlurmSpawner.batchspawner_singleuser_cmd = shlex.quote(str(VENV / "bin" / "batchspawner-singleuser"))
 c.Spawner.cmd = [shlex.quote(str(VENV / "bin" / "jupyterhub-singleuser"))]
-c.SlurmSpawner.req_prologue = f"export PATH={shlex.quote(str(VENV / 'bin'))}:$PATH"  # python, jupyter, the kit's CLI
+# python, jupyter, the kit's CLI on PATH; files in the class folder writable by the course's group
+c.SlurmSpawner.req_prologue = f"export PATH={shlex.quote(str(VENV / 'bin'))}:$PATH; umask 0002"
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 60
@@ -73,4 +75,6 @@ c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF"]
 c.Spawner.environment = {
     "DLOKIT_PROFILE": setting("DLOKIT_HUB_PROFILE", "local-slurm"),  # dlokit.use_profile() without a name
     "DLOKIT_PROFILES": PROFILES,  # the hub's settings of that profile (see the file)
+    # one folder for the class: the leaderboard (<runs>/leaderboard) and the class report see every student
+    "DLOKIT_RUNS_DIR": str(CLASS_DIR / "runs"),
 }

@@ -9,8 +9,9 @@
 #   students run it under their own uid: every folder above it must be world-readable.
 # - JupyterLab's news pop-up off for every student (sys-prefix page config).
 # - Day 1 and Day 2's default synthetic data set made once in data/generated/ (students cannot write there).
-# - With --users (needs root): the Unix group (--group, default dlokit; the hub lets in its members only)
-#   and one account per name, home in --home-base (default /home), with a copy of notebooks/ and
+# - With --users (needs root): the Unix group (--group, default dlokit; the hub lets in its members only),
+#   the class's shared folder (DLOKIT_HUB_CLASS_DIR, default <repo>/.state/class: runs/ with the race's
+#   runs/leaderboard/ and Day 3's runs/hpo/, group-writable with the setgid bit) and one account per name, home in --home-base (default /home), with a copy of notebooks/ and
 #   tp_scripts/. The password is $DLOKIT_HUB_PASSWORD (also set for existing accounts), else a random
 #   one for each new account, written to $DLOKIT_HUB_DIR/passwords.txt (0600). An existing account is
 #   otherwise kept as it is (added to the group; its home made and filled if missing).
@@ -19,6 +20,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HUB_DIR="$(realpath -m -- "${DLOKIT_HUB_DIR:-$REPO/.state/jupyterhub}")"
 VENV="$(realpath -m -- "${DLOKIT_HUB_VENV:-$REPO/.state/jupyterhub/venv}")"
+CLASS_DIR="$(realpath -m -- "${DLOKIT_HUB_CLASS_DIR:-$REPO/.state/class}")"
 HUB_PYTHON="${HUB_PYTHON:-/usr/bin/python3}"
 
 log() { echo "[jupyterhub setup] $*" >&2; }
@@ -95,6 +97,10 @@ copy_course() {  # copy_course USER HOME: the notebooks and the training scripts
 if ((${#user_list[@]})); then
     getent group "$group" >/dev/null || groupadd "$group"
     mkdir -p "$HUB_DIR" "$home_base"
+    # every student writes run records, leaderboard entries and Optuna journals here, and reads the others'
+    for dir in "$CLASS_DIR" "$CLASS_DIR/runs" "$CLASS_DIR/runs/leaderboard" "$CLASS_DIR/runs/hpo"; do
+        install -d -g "$group" -m 2775 "$dir"
+    done
     for u in "${user_list[@]}"; do
         password="${DLOKIT_HUB_PASSWORD:-}"
         if ! getent passwd "$u" >/dev/null; then

@@ -6,6 +6,7 @@
 # source ${DLOKIT_SLURM_DIR:-<repo>/.state/slurm}/env.sh). Settings (environment, defaults in brackets):
 #   DLOKIT_HUB_DIR [<repo>/.state/jupyterhub]   database, cookie secret, pid files, jupyterhub.log
 #   DLOKIT_HUB_VENV [<repo>/.state/jupyterhub/venv]   the environment setup.sh made
+#   DLOKIT_HUB_CLASS_DIR [<repo>/.state/class]   the class's run records and leaderboard (setup.sh --users makes it)
 #   DLOKIT_HUB_CONFIG [scripts/jupyterhub/jupyterhub_config.py]
 #   DLOKIT_HUB_IP [127.0.0.1], DLOKIT_HUB_PORT [8000]   the address students open
 #   DLOKIT_HUB_API_PORT [8081], DLOKIT_HUB_PROXY_API_PORT [8001]; DLOKIT_HUB_GROUP [dlokit],
@@ -28,6 +29,9 @@ sinfo -h >/dev/null 2>&1 || die "Slurm does not answer (sinfo failed with SLURM_
 # the students' servers run sbatch/squeue as the students: the cluster's config must be readable by them
 runuser -u nobody -- test -r "$SLURM_CONF" ||
     die "students cannot read $SLURM_CONF: a folder above it is not world-searchable (chmod o+x)"
+[[ -d "$CLASS_DIR/runs" ]] || die "no class folder $CLASS_DIR/runs: run scripts/jupyterhub/setup.sh --users ... first"
+runuser -u nobody -- test -x "$CLASS_DIR/runs" ||
+    die "students cannot reach $CLASS_DIR/runs: a folder above it is not world-searchable (chmod o+x)"
 for port in "$PORT" "$API_PORT" "$PROXY_API_PORT"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         die "port $port is in use; set DLOKIT_HUB_PORT / DLOKIT_HUB_API_PORT / DLOKIT_HUB_PROXY_API_PORT"
@@ -37,7 +41,7 @@ done
 mkdir -p "$HUB_DIR"
 chmod 700 "$HUB_DIR"  # cookie secret, database
 export DLOKIT_HUB_DIR="$HUB_DIR" DLOKIT_HUB_VENV="$VENV" DLOKIT_HUB_PORT="$PORT" DLOKIT_HUB_API_PORT="$API_PORT"
-export DLOKIT_HUB_PROXY_API_PORT="$PROXY_API_PORT" PATH="$VENV/bin:$PATH"
+export DLOKIT_HUB_PROXY_API_PORT="$PROXY_API_PORT" DLOKIT_HUB_CLASS_DIR="$CLASS_DIR" PATH="$VENV/bin:$PATH"
 (cd "$HUB_DIR" && exec setsid "$VENV/bin/jupyterhub" -f "$CONFIG" </dev/null >>"$HUB_LOG" 2>&1) &
 hub=$!
 

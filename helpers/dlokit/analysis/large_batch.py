@@ -55,14 +55,16 @@ def optimizer_plot(job_ids, runs_dir=None):
         return message_figure(["no completed training with validation among these runs"], title="optimisers")
     figure, axes = new_figure(1, 1, size=(9, 4))
     ax = axes[0][0]
-    optimizers = list(dict.fromkeys(table["optimizer"]))
+    table = table.assign(label=_bar_labels(table))
+    table.loc[table["label"] != table["optimizer"], "published_top1"] = None  # DLO-JZ's figures are tuned runs
+    optimizers = list(dict.fromkeys(table["label"]))
     batches = sorted(table["global_batch"].dropna().unique())
     width = 0.8 / (2 * len(batches))
     for b_index, batch in enumerate(batches):
         for kind, column, hatch in (("ours", "top1", None), ("DLO-JZ", "published_top1", "//")):
             xs, ys = [], []
             for o_index, name in enumerate(optimizers):
-                row = table[(table["optimizer"] == name) & (table["global_batch"] == batch)]
+                row = table[(table["label"] == name) & (table["global_batch"] == batch)]
                 value = as_number(row[column].iloc[-1]) if len(row) else None
                 if value is not None:
                     xs.append(o_index + (2 * b_index + (kind != "ours")) * width - 0.4 + width / 2)
@@ -77,6 +79,14 @@ def optimizer_plot(job_ids, runs_dir=None):
     notes += [f"{r.run_id}: {r.state}" for r in table.itertuples() if r.state != "completed"]
     add_notes(figure, notes)
     return figure
+
+
+def _bar_labels(table: pd.DataFrame) -> list[str]:
+    """The optimiser's name; a run whose LR was not scaled, beside one of the same optimiser and batch
+    that was, gets a bar of its own (the untuned large batch the lesson starts from)."""
+    scaled = {(r.optimizer, r.global_batch) for r in table.itertuples() if r.lr_scaling not in (None, "none")}
+    return [f"{r.optimizer}\n(LR not scaled)" if r.lr_scaling in (None, "none") and (r.optimizer, r.global_batch)
+            in scaled else r.optimizer for r in table.itertuples()]
 
 
 def lr_trials(job_id, runs_dir=None) -> pd.DataFrame:

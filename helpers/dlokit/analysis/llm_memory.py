@@ -89,7 +89,7 @@ def memory_plot(runs, runs_dir=None):
               if r.state != COMPLETED and pd.notna(r.total)]
     if shown.empty:
         return message_figure(notes or ["no runs"], title="memory per rank: modelled vs measured")
-    figure, axes = new_figure(size=(max(6.0, 1.6 * shown["run_id"].nunique() + 2), 4.5))
+    figure, axes = new_figure(size=(max(6.0, 1.6 * shown["run_id"].nunique() + 2) + 2.0, 4.5))
     ax = axes[0, 0]
     ticks, names = [], []
     for group, (run_id, rows) in enumerate(shown.groupby("run_id", sort=False)):
@@ -108,6 +108,7 @@ def memory_plot(runs, runs_dir=None):
         names.append(f"{rows['mode'].iloc[0]}\n{run_id}")
     ax.set_xticks(ticks, names, fontsize=8)
     ax.set(ylabel="MiB per rank (busiest rank)", title="memory per rank: modelled (hatched) vs measured")
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.08)  # room for the bars' labels
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: the first run is the tallest
     add_notes(figure, notes)
     return figure

@@ -16,6 +16,7 @@ from dlokit.runrecord import UNREADABLE, default_runs_dir, read_rank
 
 COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed", "missing"
 CANCELLED, SKIPPED = "cancelled", "skipped"
+CHECKPOINTED = "checkpointed"  # a race segment that saved on Slurm's signal and requeued (dlokit.race)
 ENDED_BADLY = (FAILED, "oom", "aborted")  # summary statuses of a run that stopped on an error
 OOM_MARKERS = ("out of memory", "outofmemoryerror")
 
@@ -71,7 +72,8 @@ class Run:
 
     @property
     def state(self) -> str:
-        """'completed', 'failed', 'running or killed', 'missing' or 'unreadable: rank<k>/<file>: <why>'."""
+        """'completed', 'failed', 'running or killed', 'missing', 'cancelled', 'skipped', 'checkpointed' or
+        'unreadable: rank<k>/<file>: <why>'."""
         if self.unreadable:
             return f"{UNREADABLE}: {self.unreadable}"
         states = [r["state"] for r in self.ranks.values()]
@@ -85,6 +87,8 @@ class Run:
             return COMPLETED
         if all(s in (COMPLETED, SKIPPED) for s in states) and SKIPPED in states:
             return SKIPPED
+        if all(s == CHECKPOINTED for s in states) and len(states) >= self.world_size:
+            return CHECKPOINTED
         return RUNNING
 
     @property
