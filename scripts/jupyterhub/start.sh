@@ -39,7 +39,16 @@ for port in "$PORT" "$API_PORT" "$PROXY_API_PORT"; do
 done
 
 mkdir -p "$HUB_DIR"
-chmod 700 "$HUB_DIR"  # cookie secret, database
+# The hub's own files (cookie secret, database, log) are root's alone: umask 077 and 0600. The folder
+# itself stays searchable (0711, not listable): the default hub environment that students run lives in it
+# (a 0700 folder made every student's server fail at once with "Permission denied").
+umask 077
+chmod 711 "$HUB_DIR"
+for file in jupyterhub.sqlite jupyterhub_cookie_secret jupyterhub.log passwords.txt; do
+    [[ ! -e "$HUB_DIR/$file" ]] || chmod 600 "$HUB_DIR/$file"
+done
+runuser -u nobody -- test -x "$VENV/bin/jupyterhub-singleuser" ||
+    die "students cannot run $VENV/bin/jupyterhub-singleuser: a folder above it is not world-searchable (chmod o+x)"
 export DLOKIT_HUB_DIR="$HUB_DIR" DLOKIT_HUB_VENV="$VENV" DLOKIT_HUB_PORT="$PORT" DLOKIT_HUB_API_PORT="$API_PORT"
 export DLOKIT_HUB_PROXY_API_PORT="$PROXY_API_PORT" DLOKIT_HUB_CLASS_DIR="$CLASS_DIR" PATH="$VENV/bin:$PATH"
 (cd "$HUB_DIR" && exec setsid "$VENV/bin/jupyterhub" -f "$CONFIG" </dev/null >>"$HUB_LOG" 2>&1) &
