@@ -20,7 +20,9 @@ from .jobspec import format_seconds
 from .profiles import current_profile
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-TIMED_OUT = "timed-out and not checkpointable"  # submitit's words when the time-limit signal stops a job
+# submitit's words when the time-limit signal stops a job: the first line comes as the signal arrives, the
+# second as it gives up; a job that exits in between ends FAILED in Slurm's accounting, not TIMEOUT
+TIMED_OUT_SIGNS = ("this job is timed-out", "timed-out and not checkpointable")
 MEMORY_ERRORS = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "oom-kill", "Killed")
 
 _live_jobs: dict[str, object] = {}  # submitit Job objects of this session, by job id
@@ -375,7 +377,7 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         raw = traceback_tail(card)
         outcome.cause = _script_error(card) or raw
         evidence = raw + "\n" + outcome.cause
-        if TIMED_OUT in raw:
+        if any(sign in raw for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
         elif any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage):
             outcome.state = "OUT_OF_MEMORY"
