@@ -11,16 +11,14 @@
 # - Day 1 and Day 2's default synthetic data set made once in data/generated/ (students cannot write there).
 # - With --users (needs root): the Unix group (--group, default dlokit; the hub lets in its members only),
 #   the class's shared folder (DLOKIT_HUB_CLASS_DIR, default <repo>/.state/class: runs/ with the race's
-#   runs/leaderboard/ and Day 3's runs/hpo/, group-writable with the setgid bit) and one account per name, home in --home-base (default /home), with a copy of notebooks/ and
-#   tp_scripts/. The password is $DLOKIT_HUB_PASSWORD (also set for existing accounts), else a random
-#   one for each new account, written to $DLOKIT_HUB_DIR/passwords.txt (0600). An existing account is
-#   otherwise kept as it is (added to the group; its home made and filled if missing).
+#   runs/leaderboard/ and Day 3's runs/hpo/, group-writable with the setgid bit) and one account per
+#   name, home in --home-base (default /home), with a copy of notebooks/ and tp_scripts/. The password is
+#   $DLOKIT_HUB_PASSWORD (also set for existing accounts), else a random one for each new account, written
+#   to $DLOKIT_HUB_DIR/passwords.txt (0600). An existing account is otherwise kept as it is (added to the
+#   group; its home made and filled if missing).
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-HUB_DIR="$(realpath -m -- "${DLOKIT_HUB_DIR:-$REPO/.state/jupyterhub}")"
-VENV="$(realpath -m -- "${DLOKIT_HUB_VENV:-$REPO/.state/jupyterhub/venv}")"
-CLASS_DIR="$(realpath -m -- "${DLOKIT_HUB_CLASS_DIR:-$REPO/.state/class}")"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # REPO, HUB_DIR, VENV, CLASS_DIR (log and die: below)
 HUB_PYTHON="${HUB_PYTHON:-/usr/bin/python3}"
 
 log() { echo "[jupyterhub setup] $*" >&2; }
@@ -33,7 +31,7 @@ while (($#)); do
         --users) (($# >= 2)) || usage; users="$2"; shift 2 ;;
         --home-base) (($# >= 2)) || usage; home_base="$2"; shift 2 ;;
         --group) (($# >= 2)) || usage; group="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown option: $1" >&2; usage ;;
     esac
 done
