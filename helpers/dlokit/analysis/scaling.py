@@ -116,15 +116,17 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
     if scaling.empty:
         return message_figure(notes or ["no runs"], title="scaling")
     notes += [f"world size {r.world_size}: {r.note}" for r in scaling.itertuples() if r.note]
+    on_gpus = any((r.info.get("hardware") or {}).get("gpu_count") for r in runs)
+    xlabel = "GPUs (world size)" if on_gpus else "CPU processes (world size)"
     figure, axes = new_figure(1, 2, size=(10, 4))
     left, right = axes[0]
     left.plot(scaling["world_size"], scaling["ideal"], "--", color="tab:gray", label="ideal")
     left.plot(scaling["world_size"], scaling["speedup"], "o-", color="tab:blue", label="measured")
-    left.set(xlabel="GPUs (world size)", ylabel="speed-up", title=f"speed-up ({metric})")
+    left.set(xlabel=xlabel, ylabel="speed-up", title=f"speed-up ({metric})")
     left.legend(fontsize=8)
     right.plot(scaling["world_size"], 100 * scaling["efficiency"], "o-", color="tab:green")
     right.axhline(100, ls="--", color="tab:gray")
-    right.set(xlabel="GPUs (world size)", ylabel="%", title="efficiency",
+    right.set(xlabel=xlabel, ylabel="%", title="efficiency",
               ylim=(0, max(110, 105 * scaling["efficiency"].max())))
     for ax in (left, right):
         ax.set_xscale("log", base=2)
