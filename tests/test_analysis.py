@@ -1,8 +1,10 @@
 """Analysis helpers on real run records (written by RunRecorder) and a real torch.profiler trace."""
+import json
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import pandas as pd
 import pytest
 import torch
 
@@ -48,9 +50,10 @@ DDP_OBSERVED = {"ddp_wrapped": True, "sampler": "DistributedSampler"}
 
 
 def write_run(runs_dir, run_id, *, batch=32, steps=10, world_size=1, t_data=0.01, t_step=0.05, mem=None,
-              energy=None, finish=True, observed=None, interval=None, **config):
+              energy=None, finish=True, observed=None, interval=None, cpu=None, **config):
     """A synthetic run record; `interval` = (start, end) unix times of its measurement (default: a slot
-    of its own, so that synthetic runs do not overlap unless a test says so)."""
+    of its own, so that synthetic runs do not overlap unless a test says so); `cpu` = each rank's
+    (cpu_window_s, cores_busy_s, own_cpu_s) on cores 0 and 1."""
     config = {"batch_size": batch, "model": "tiny", "amp": False, "channels_last": False, "num_workers": 0,
               **config}
     start, end = interval or next_slot()
@@ -68,7 +71,8 @@ def write_run(runs_dir, run_id, *, batch=32, steps=10, world_size=1, t_data=0.01
                         throughput_train=batch * world_size / (t_data + t_step),
                         throughput_compute=batch * world_size / t_step, gpu_mem_peak_mb=mem,
                         host_rss_peak_mb=500.0 + rank, energy_j=energy, peak_power_w=energy and 300.0,
-                        val_acc=0.5, best_val_acc=0.5)
+                        val_acc=0.5, best_val_acc=0.5,
+                        **(dict(zip(("cpu_window_s", "cores_busy_s", "own_cpu_s"), cpu)) if cpu else {}))
 
 
 _slots = iter(range(1_000_000, 2_000_000, 100))
@@ -249,6 +253,39 @@ def test_overlapping_runs_are_flagged_in_every_comparison(tmp_path):
     assert list(table["overlapped_by"]) == ["702", "701", ""]
     assert "overlapped" in figure_texts(figure)
     assert list(analysis.dataloader_trials(["703", "701"], tmp_path)["overlapped_by"]) in (["", "702"], ["702", ""])
+
+
+def test_work_outside_the_course_on_a_runs_cores_is_flagged(tmp_path):
+    """Two ranks on cores 0-1 for 10 s: 20 core-seconds. The cores were busy 19 s, the ranks used 9 + 9 s:
+    1 s (5 %) was someone else's. In 802, 10 s (50 %) was."""
+    write_run(tmp_path, "801", world_size=2, cpu=(10.0, 19.0, 9.0))
+    write_run(tmp_path, "802", world_size=2, t_step=0.2, cpu=(10.0, 19.0, 4.5))
+    write_run(tmp_path, "803", world_size=2)  # a record without the evidence
+    table = analysis.runs_table(["801", "802", "803"], tmp_path)
+    assert table["foreign_cpu"].tolist()[:2] == [0.05, 0.5] and pd.isna(table["foreign_cpu"].iloc[2])
+    assert table["overlapped_by"].tolist() == ["", "", ""]  # no course run was beside them
+    table, figure = analysis.compare_runs(["801", "802", "803"], runs_dir=tmp_path)
+    texts = figure_texts(figure)
+    assert "50 % of run 802's cores" in texts and "run 801's" not in texts and "run 803's" not in texts
+    write_run(tmp_path, "804", world_size=1, t_step=0.04, cpu=(10.0, 10.0, 5.0))  # 25 %: at the threshold, not over
+    write_run(tmp_path, "805", world_size=1, t_step=0.04, cpu=(10.0, 12.0, 5.0))
+    assert analysis.scaling_table(["804", "801"], tmp_path)["note"].tolist() == ["", ""]
+    notes = analysis.scaling_table(["805", "801"], tmp_path)["note"].tolist()
+    assert "other work kept 35 % of its cores busy" in notes[0] and notes[1] == ""
+
+
+def test_foreign_share_counts_pinned_ranks_on_their_own_cores(tmp_path):
+    from dlokit.analysis.overlap import foreign_cpu_share
+
+    write_run(tmp_path, "811", world_size=2, cpu=(10.0, 10.0, 9.0))
+    run = analysis.load_run("811", tmp_path)
+    assert foreign_cpu_share(run) == pytest.approx(0.0)  # one core set: 10 busy − 18 own is no foreign work
+    for rank, core in ((0, 0), (1, 1)):  # now each rank pinned to its core: each core had 1 s of someone else
+        path = tmp_path / "811" / f"rank{rank}" / "run.json"
+        record = json.loads(path.read_text())
+        record["measurement"]["cpus"] = [core]
+        path.write_text(json.dumps(record))
+    assert foreign_cpu_share(analysis.load_run("811", tmp_path)) == pytest.approx(0.1)
 
 
 def test_runs_on_other_cores_or_hosts_do_not_overlap(tmp_path):

@@ -109,3 +109,46 @@ def test_views_draw_the_timeline_and_the_bubble(runs_dir, gpipe_runs):
     assert list(measured_line.get_xdata()) == [1, 2, 8]
     missing = pipeline_timeline("no-such-run", runs_dir=runs_dir)
     assert "missing" in missing.axes[0].texts[0].get_text()
+
+
+def write_gpipe(runs_dir, run_id, m, idle, cpu):
+    """A two-stage GPipe record: each rank's idle fraction, and its (cpu_window_s, cores_busy_s, own_cpu_s)."""
+    from dlokit.runrecord import RunRecorder
+
+    for rank in (0, 1):
+        recorder = RunRecorder({"mode": "pp", "pp": 2, "pp_schedule": "gpipe", "microbatches": m, "warmup": 0},
+                               rank=rank, world_size=2, run_id=run_id, runs_dir=runs_dir, script="train_llm.py")
+        recorder.log("step", step=1, pp_idle_fraction=idle)
+        recorder.finish(steps=1, pp_microbatches=m, **dict(zip(("cpu_window_s", "cores_busy_s", "own_cpu_s"), cpu)))
+
+
+@pytest.mark.parametrize("other_work, status", [(0.2, "failed"), (0.6, "not applicable")])
+def test_a_bubble_that_grew_fails_unless_other_work_had_the_cores(tmp_path, monkeypatch, other_work, status):
+    from dlokit import checks
+
+    cores = len(os.sched_getaffinity(0))  # the records' cores: this process's
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path))
+    write_gpipe(tmp_path, "m1", 1, 0.40, (2.0, 2.0, 1.0))  # the two ranks' 1 s each: nobody else
+    write_gpipe(tmp_path, "m4", 4, 0.45, (2.0, 2.0 + other_work * 2.0 * cores, 1.0))  # rose: measured 0.40 → 0.45
+    result = checks.pipeline_bubble(["m1", "m4"]).as_json()
+    assert result["status"] == status, result
+    if status == "not applicable":
+        assert "of run m4's cores busy" in result["message"]
+
+
+@pytest.mark.alone
+def test_records_tell_runs_alone_from_runs_beside_other_work(runs_dir, gpipe_runs):
+    """The gpipe runs above had the cores to themselves; one run beside two spinning processes did not."""
+    from dlokit.analysis import load_run
+    from dlokit.analysis.overlap import BUSY_SHARE, foreign_cpu_share
+
+    alone = [foreign_cpu_share(load_run(run_id, runs_dir)) for run_id in gpipe_runs.values()]
+    spin = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        beside = foreign_cpu_share(load_run(launch(runs_dir, "gpipe-beside", COMPUTE_BOUND + ["--pp-schedule", "gpipe", "--microbatches", "2"]),
+                                            runs_dir))
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    assert max(alone) < BUSY_SHARE < beside, (alone, beside)

@@ -30,6 +30,51 @@ SCHEMA_VERSION = 1
 PROCESS_START = time.time()
 
 
+def _my_cores() -> frozenset | None:
+    return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def _cores_busy_ticks(cores) -> int | None:
+    """Clock ticks these cores spent on anything but idling (user, system, interrupts, steal) since boot,
+    from /proc/stat; None where there is no /proc/stat."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = seen = 0
+    for line in lines:
+        name, *fields = line.split() or [""]
+        if name.startswith("cpu") and name[3:].isdigit() and (cores is None or int(name[3:]) in cores):
+            values = [int(v) for v in fields[:8]]
+            busy += sum(values) - values[3] - values[4]  # minus idle and iowait
+            seen += 1
+    return busy if seen else None
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+class CpuUse:
+    """From its creation on: how busy this process's cores were (anyone's work) and this process's own CPU time
+    (its children's once they ended). Their difference is what other work took from the cores (see
+    dlokit.analysis.overlap.foreign_cpu_share)."""
+
+    MIN_WINDOW_S = 0.2  # /proc/stat and os.times count in ticks of 10 ms: a shorter window says little
+
+    def __init__(self):
+        self.start = (time.time(), _cores_busy_ticks(_my_cores()), _own_cpu_s())
+
+    def summary(self) -> dict:
+        started, ticks_start, own_start = self.start
+        window, ticks = time.time() - started, _cores_busy_ticks(_my_cores())
+        if ticks is None or ticks_start is None or window < self.MIN_WINDOW_S:
+            return {}
+        return {"cpu_window_s": round(window, 3), "cores_busy_s": round((ticks - ticks_start) / os.sysconf("SC_CLK_TCK"), 3),
+                "own_cpu_s": round(_own_cpu_s() - own_start, 3)}
+
+
 def default_runs_dir() -> Path:
     return jobenv.runs_dir()
 
@@ -146,6 +191,7 @@ class RunRecorder:
         self.folder = Path(runs_dir or default_runs_dir()) / self.run_id / f"rank{rank}"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.started = time.time()
+        self._cpu = CpuUse()
         header = {
             "schema": SCHEMA_VERSION,
             "run_id": self.run_id,
@@ -193,7 +239,7 @@ class RunRecorder:
             _open_records.remove(self)
         summary = {"status": status, "run_id": self.run_id, "rank": self.rank,
                    "wall_time_s": round(time.time() - self.started, 3), "ended_unix": round(time.time(), 3),
-                   "loadavg_end": _loadavg(), **summary}
+                   "loadavg_end": _loadavg(), **self._cpu.summary(), **summary}
         _write_json_atomic(self.folder / "summary.json", summary)
 
     def __enter__(self):
@@ -279,7 +325,8 @@ MEASUREMENT_NUMBERS = ("started_unix", "lock_waited_s")
 # summary.json and metrics lines: fields that must be numbers (or null), besides every t_* and throughput_*
 SUMMARY_NUMBERS = ("steps", "epochs", "wall_time_s", "ended_unix", "first_step_load_s", "gpu_mem_peak_mb",
                    "host_rss_peak_mb", "energy_j", "peak_power_w", "val_acc", "val_acc5", "best_val_acc",
-                   "train_loss", "timed_steps", "breakdown_steps", "timing_warmup_steps")
+                   "train_loss", "timed_steps", "breakdown_steps", "timing_warmup_steps", "cpu_window_s",
+                   "cores_busy_s", "own_cpu_s")
 METRIC_NUMBERS = ("time", "step", "epoch", "lr", "loss", "acc", "batch_size", "gpu_mem_mb", "train_loss",
                   "train_acc", "epoch_time_s", "val_loss", "val_acc", "val_acc5", "tokens_per_s", "mfu",
                   "grad_norm", "comm_s", "seconds", "batch_in_epoch")

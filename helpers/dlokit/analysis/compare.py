@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dlokit.analysis.figures import add_notes, figure_png_base64, message_figure, new_figure
-from dlokit.analysis.overlap import overlap_notes
+from dlokit.analysis.overlap import busy, foreign_notes, overlap_notes
 from dlokit.analysis.run import load_runs
 from dlokit.analysis.table import runs_table
 
@@ -56,10 +56,11 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
     base = _baseline_index(table, metric, baseline)
     table["ratio"] = table[metric] / table.loc[base, metric] if base is not None else float("nan")
-    table = table[["run_id", "name", "state", metric, "ratio", "overlapped_by"]]
+    table = table[["run_id", "name", "state", metric, "ratio", "overlapped_by", "foreign_cpu"]]
     plotted = table[table[metric].notna()]
     notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table[table[metric].isna()].itertuples()]
     notes += overlap_notes({r.run_id: r.overlapped_by.split(", ") for r in table.itertuples() if r.overlapped_by})
+    notes += foreign_notes(dict(zip(table["run_id"], table["foreign_cpu"])))
     if plotted.empty:
         return Comparison(table, message_figure(notes or ["no runs to compare"], title=metric))
     figure, axes = new_figure(size=(max(5, 1.1 * len(plotted) + 2), 4))
@@ -68,7 +69,7 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
               for r in plotted.itertuples()]
     colors = ["tab:blue" if i != base else "tab:gray" for i in plotted.index]
     bars = ax.bar(labels, plotted[metric], color=colors,
-                  hatch=["//" if r.overlapped_by else "" for r in plotted.itertuples()])
+                  hatch=["//" if r.overlapped_by or busy(r.foreign_cpu) else "" for r in plotted.itertuples()])
     ax.bar_label(bars, labels=[f"×{v:.2f}" for v in plotted["ratio"]], fontsize=8)
     ax.set(ylabel=metric, title=f"{metric} (ratio to run {table.loc[base, 'run_id']})")
     ax.tick_params(axis="x", labelsize=8)

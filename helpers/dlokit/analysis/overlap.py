@@ -3,6 +3,10 @@
 Every run record carries when it ran (`measurement.started_unix`, `ended_unix`), on which host,
 cores and GPUs (see dlokit.runrecord.measurement_context). Two runs overlap when they ran at the
 same time on the same host and shared a core or a GPU (unknown cores or GPUs count as shared).
+
+Work that is not a course run (another user's program, a test suite beside the notebook) leaves no record,
+but it takes time from the run's cores: foreign_cpu_share compares the cores' busy time over the run
+(`cores_busy_s`, from /proc/stat) with the ranks' own CPU time (`own_cpu_s`).
 """
 from __future__ import annotations
 
@@ -73,8 +77,45 @@ def overlapping(runs, runs_dir=None, among=None) -> dict[str, list[str]]:
     return found
 
 
+BUSY_SHARE = 0.25  # measured here: 0.05–0.07 for a run alone, 0.4–0.5 beside two busy processes on 2 cores
+
+
+def foreign_cpu_share(run: Run) -> float | None:
+    """The fraction of the run's cores that other work kept busy while it ran: (cores' busy time − the ranks'
+    own CPU time) / (window × cores), the worst over the groups of ranks that shared a host and a core set
+    (ranks pinned each to its core are their own groups). None for records without the evidence."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in run.ranks.values():
+        context = (record["run"] or {}).get("measurement") or {}
+        summary = record["summary"] or {}
+        if not isinstance(context, dict) or not context.get("cpus") or any(
+                summary.get(k) is None for k in ("cpu_window_s", "cores_busy_s", "own_cpu_s")):
+            continue
+        groups.setdefault((context.get("host"), frozenset(context["cpus"])), []).append(summary)
+    shares = []
+    for (_, cores), summaries in groups.items():
+        window = max(float(s["cpu_window_s"]) for s in summaries)
+        foreign = max(float(s["cores_busy_s"]) for s in summaries) - sum(float(s["own_cpu_s"]) for s in summaries)
+        shares.append(max(0.0, foreign) / (window * len(cores)))
+    return round(max(shares), 3) if shares else None
+
+
 def overlap_notes(overlaps: dict[str, list[str]]) -> list[str]:
     """Sentences for a plot or a table: which runs are not valid measurements, and why."""
     return [f"⚠ run {run_id} overlapped run(s) {', '.join(others)} on the same devices: "
             "its speed is not its own, compare it with care or run it again"
             for run_id, others in overlaps.items() if others]
+
+
+def busy(share) -> bool:
+    """Other work kept more than BUSY_SHARE of the run's cores busy (False when unknown)."""
+    try:
+        return float(share) > BUSY_SHARE  # NaN and None compare False
+    except (TypeError, ValueError):
+        return False
+
+
+def foreign_notes(shares: dict[str, float]) -> list[str]:
+    """Sentences for the runs whose cores other work kept busy (see busy)."""
+    return [f"⚠ other work kept {100 * float(share):.0f} % of run {run_id}'s cores busy while it ran: its speed is "
+            "not its own, run it again on an idle machine" for run_id, share in shares.items() if busy(share)]

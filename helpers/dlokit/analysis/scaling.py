@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.overlap import busy
 from dlokit.analysis.run import Run, load_runs
 from dlokit.analysis.table import runs_table
 
@@ -60,11 +61,14 @@ KIND_TEXT = {"strong": "strong scaling: the same global batch split over more ra
 def _above_ideal_reason(row, base, kind: str) -> str:
     if base["overlapped_by"]:
         return f"the baseline run {base['run_id']} overlapped {base['overlapped_by']}, so it was slowed down"
+    if busy(base["foreign_cpu"]):
+        return (f"other work kept {100 * base['foreign_cpu']:.0f} % of the baseline run {base['run_id']}'s cores "
+                "busy, so it was slowed down")
     if kind == "strong":
         return ("superlinear: with the same global batch each rank computes a smaller batch, which can fit "
                 "the caches better; check the measurement before believing it")
-    return ("above the ideal: the baseline was slower than one device should be (look at its load average "
-            "in run.json 'measurement'); run both again")
+    return ("above the ideal: the baseline was slower than one device should be (look at its foreign_cpu in "
+            "runs_table and its load average in run.json 'measurement'); run both again")
 
 
 def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
@@ -79,12 +83,13 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
     usable = table.dropna(subset=[metric])
     columns = ["world_size", "run_id", "batch_size", "global_batch_size", metric, "speedup", "ideal", "efficiency",
-               "overlapped_by", "note"]
+               "overlapped_by", "foreign_cpu", "note"]
     if usable.empty:
         return pd.DataFrame(columns=columns)
     best = usable.loc[usable.groupby("world_size")[metric].idxmax()].sort_values("world_size")
     base = best.iloc[0]
-    out = best[["world_size", "run_id", "batch_size", "global_batch_size", metric, "overlapped_by"]].reset_index(drop=True)
+    out = best[["world_size", "run_id", "batch_size", "global_batch_size", metric, "overlapped_by",
+                "foreign_cpu"]].reset_index(drop=True)
     out["speedup"] = out[metric] / base[metric]
     out["ideal"] = out["world_size"] / base["world_size"]
     out["efficiency"] = out["speedup"] / out["ideal"]
@@ -97,6 +102,8 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
                         + _above_ideal_reason(row, base, kind))
         if row.overlapped_by:
             note.append(f"overlapped run(s) {row.overlapped_by}: not a valid measurement")
+        if busy(row.foreign_cpu):
+            note.append(f"other work kept {100 * row.foreign_cpu:.0f} % of its cores busy: not a valid measurement")
         notes.append("; ".join(note))
     out["note"] = notes
     out.attrs["kind"] = kind
@@ -132,7 +139,7 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
         ax.set_xscale("log", base=2)
         ax.set_xticks(scaling["world_size"], [str(w) for w in scaling["world_size"]])
     for row in scaling.itertuples():
-        if row.efficiency > 1.0 + 1e-9 or row.overlapped_by:
+        if row.efficiency > 1.0 + 1e-9 or row.note:
             right.annotate("see note", (row.world_size, 100 * row.efficiency), fontsize=8, color="tab:red")
     figure.suptitle(scaling.attrs["kind_text"], fontsize=9)
     add_notes(figure, notes)

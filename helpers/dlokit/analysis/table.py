@@ -28,7 +28,7 @@ COLUMNS = ("run_id", "name", "state", "script", "model", "batch_size", "global_b
            "persistent_workers", "world_size", "steps", "throughput_train", "throughput_compute",
            *SPLITS, "first_step_load_s", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j",
            "peak_power_w", "val_acc", "best_val_acc", "wall_time_s", "oom", "truncated", "error", "overlapped_by",
-           "problems")
+           "foreign_cpu", "problems")
 
 
 def config_value(run: Run, key: str, default=None):
@@ -140,10 +140,12 @@ def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
     `problems` lists lines skipped and fields dropped by the reader (empty when none).
 
     `overlapped_by` lists the runs that ran at the same time on the same devices (see overlap.py):
-    such a row's speed is not a valid measurement."""
-    from dlokit.analysis.overlap import overlapping
+    such a row's speed is not a valid measurement. `foreign_cpu` is the share of its cores that work outside
+    the course kept busy (see overlap.foreign_cpu_share); above overlap.BUSY_SHARE, neither is it."""
+    from dlokit.analysis.overlap import foreign_cpu_share, overlapping
 
     runs = load_runs(runs, runs_dir)
     overlaps = overlapping(runs)
-    rows = [{**run_row(r), "overlapped_by": ", ".join(overlaps.get(r.run_id, []))} for r in runs]
+    rows = [{**run_row(r), "overlapped_by": ", ".join(overlaps.get(r.run_id, [])), "foreign_cpu": foreign_cpu_share(r)}
+            for r in runs]
     return pd.DataFrame(rows, columns=list(COLUMNS))

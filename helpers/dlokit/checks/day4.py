@@ -99,13 +99,14 @@ def pipeline_bubble(job_ids):
 
 
 def _busy_machine(runs) -> str | None:
-    """'run X ended with a load average of L on C cores' when some run's machine ran half as many threads again as
-    it has cores (the job's own ranks and their communication threads alone stay near the core count)."""
+    """'other work kept N % of run X's cores busy' for the first run whose cores were not its own (see
+    dlokit.analysis.overlap.foreign_cpu_share; the load average lags a short run by a minute)."""
+    from dlokit.analysis.overlap import busy, foreign_cpu_share
+
     for run in runs:
-        load = (run.summary.get("loadavg_end") or [None])[0]
-        cores = (run.info.get("hardware") or {}).get("cpu_count")
-        if load is not None and cores and load > 1.5 * cores:
-            return f"run {run.run_id} ended with a load average of {load:.1f} on {cores} cores"
+        share = foreign_cpu_share(run)
+        if busy(share):
+            return f"other work kept {100 * share:.0f} % of run {run.run_id}'s cores busy"
     return None
 
 
