@@ -307,6 +307,19 @@ def test_training_curves(runs_dir):
     assert line(figure, label="1005 (still-going)", ax=2).get_ydata()[-1] == pytest.approx(0.1)
     assert "run 4242: missing" in figure_texts(figure)
     assert "missing" in figure_texts(analysis.training_curves(["4242"], runs_dir))
+    assert figure.axes[0].get_yscale() == "linear"
+
+
+def test_a_loss_spanning_decades_is_drawn_on_a_log_scale(tmp_path):
+    """A first validation loss of 2,400 (BatchNorm statistics of a few steps) would flatten the train loss."""
+    recorder = RunRecorder({"batch_size": 32}, run_id="1101", runs_dir=tmp_path, script="train_classifier.py")
+    for step, loss in enumerate([2.4, 2.3, 2.2, 2.1], start=1):
+        recorder.log("step", step=step, epoch=1 + (step > 2), loss=loss, acc=0.1, lr=0.1)
+    recorder.log("val", step=2, epoch=1, val_loss=2400.0, val_acc=0.1)
+    recorder.log("val", step=4, epoch=2, val_loss=2.2, val_acc=0.2)
+    recorder.finish(steps=4, epochs=2)
+    loss_ax = analysis.training_curves(["1101"], tmp_path).axes[0]
+    assert loss_ax.get_yscale() == "log" and "log" in loss_ax.get_title()
 
 
 def profile_tiny_loop(folder, batch_size, steps=3, worker=None):

@@ -23,6 +23,11 @@ def _epoch_steps(run) -> pd.DataFrame:
     return epochs.assign(step=epochs["epoch"].map(last)).dropna(subset=["step"])
 
 
+def _spans_decades(ax, decades: int = 2) -> bool:
+    values = [v for line in ax.lines for v in line.get_ydata() if v == v and v > 0]
+    return bool(values) and max(values) > 10 ** decades * min(values)
+
+
 def training_curves(runs, runs_dir=None):
     """Three panels: loss (train steps, validation points), accuracy, learning rate."""
     runs = load_runs(runs, runs_dir)
@@ -46,5 +51,7 @@ def training_curves(runs, runs_dir=None):
         ax.set(title=title, xlabel="step")
         if ax.lines:
             ax.legend(fontsize=7)
+    if _spans_decades(loss_ax):  # e.g. a first validation at 2,000 (BatchNorm statistics of a few steps) beside 2.3
+        loss_ax.set(yscale="log", title="loss (log scale)")
     add_notes(figure, notes)
     return figure
