@@ -282,3 +282,12 @@ def test_slurm_race_job_checkpoints_requeues_and_resumes(workspace, slurm_cluste
     assert outcome.state == "COMPLETED", f"{outcome}\n{log[-3000:]}\n{card.log_path(err=True).read_text()[-3000:]}"
     check_requeued_history(job_id, day.runs)
     assert "checkpointed on SIGUSR" in log and "resumed from" in log  # one log, appended across the requeue
+
+
+def test_leaderboard_shows_each_option_once_with_the_value_that_ran():
+    from dlokit.race.leaderboard import effective_options
+
+    argv = ["--data", "/d", "--image-size", "64", "--batch-size", "16", "--pin-memory", "--lr", "-0.5",
+            "--image-size", "48", "--batch-size", "32", "--optimizer=lamb"]
+    assert effective_options(argv) == ["--data", "/d", "--image-size", "48", "--batch-size", "32", "--pin-memory",
+                                       "--lr", "-0.5", "--optimizer=lamb"]

@@ -35,6 +35,19 @@ COLUMNS = ["rank", "nickname", "top1", "final_top1", "gpu_hours", "over_budget",
            "model", "image_size", "batch_size", "options", "run_id", "job_id", "posted"]
 
 
+def effective_options(argv) -> list[str]:
+    """The options as the script's parser read them: where one is repeated (the day's size, then the race
+    form's) only its last value, which is the one that ran, in the place it first appeared."""
+    argv, kept = [str(a) for a in argv], {}
+    i = 0
+    while i < len(argv):
+        takes_value = argv[i].startswith("--") and "=" not in argv[i] and i + 1 < len(argv) \
+            and not argv[i + 1].startswith("--")
+        kept[argv[i] if argv[i].startswith("--") else f"#{i}"] = argv[i:i + 1 + takes_value]
+        i += 1 + takes_value
+    return [token for tokens in kept.values() for token in tokens]
+
+
 class LeaderboardError(ValueError):
     """An entry cannot be posted (the run is not finished, has no validation, belongs to someone else)."""
 
@@ -164,7 +177,7 @@ class Leaderboard:
         accepted, _ = self.read()
         rows = [{**entry, "energy": "n/a" if entry.get("energy_wh") is None else
                  f"{entry['energy_wh']:.3g} Wh ({entry.get('energy_source')})",
-                 "options": " ".join(map(str, entry.get("options") or [])),
+                 "options": " ".join(effective_options(entry.get("options") or [])),
                  "posted": time.strftime("%m-%d %H:%M", time.localtime(entry.get("posted_at") or 0))}
                 for entry in accepted]
         table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "rank"])
