@@ -37,9 +37,9 @@ def tiny(tmp_path_factory) -> Path:
     return root
 
 
-def script(runs: Path, run_id: str, *args, nproc: int = 1) -> subprocess.Popen:
+def script(runs: Path, run_id: str, *args, nproc: int = 1, env: dict | None = None) -> subprocess.Popen:
     launcher = [PYTHON] if nproc == 1 else [str(Path(PYTHON).with_name("torchrun")), "--nproc_per_node", str(nproc)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen([*launcher, str(SCRIPT), "--runs-dir", str(runs), *TINY, "--print-every", "1000",
                              *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -208,13 +208,16 @@ def test_signal_checkpoints_and_resume_keeps_the_top1_history(tmp_path, tiny):
 
 @pytest.mark.slow
 def test_two_ranks_stop_at_the_same_step_when_one_is_signalled(tmp_path, tiny):
-    process = script(tmp_path, "pair", "--data", tiny, "--epochs", 3, "--checkpoint-on-signal", nproc=2)
+    """Rank 0 (which writes the checkpoint) is made 3 s slower to finish: rank 1 must wait for it, since torchrun
+    stops every rank as soon as one exits with 75 (seen under load: rank 0 killed, its checkpoint lost)."""
+    process = script(tmp_path, "pair", "--data", tiny, "--epochs", 3, "--checkpoint-on-signal", nproc=2,
+                     env={"DLOKIT_TEST_SLOW_CHECKPOINT_S": "3"})
     wait_for_validation(tmp_path / "pair" / "rank1" / "metrics.jsonl", process)
     workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
     rank1 = next(int(pid) for pid in workers if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())
     os.kill(rank1, signal.SIGUSR2)  # only rank 1 hears it: the ranks agree through the store
     code, out = finish(process)
-    assert code != 0 and "checkpointed on SIGUSR2" in out
+    assert code != 0 and "checkpointed on SIGUSR2" in out, out[-6000:]
     run = load_run("pair", tmp_path)
     steps = {rank: r["summary"]["steps"] for rank, r in run.ranks.items()}
     assert [r["summary"]["status"] for r in run.ranks.values()] == ["checkpointed"] * 2 and steps[0] == steps[1]

@@ -56,9 +56,13 @@ STOPPED_EXIT_CODE = 1    # this rank stopped because another one failed
 WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note in the process group's store
 ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
 LEAVE_GRACE_S = 1.0      # then the others give its process that long to end before they exit too
+CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
 # Test only (tests/test_train_image.py): a fake out-of-memory error after the forward pass of this step,
 # on the rank DLOKIT_TEST_OOM_RANK (every rank when unset). Never set it for a real run.
 TEST_OOM_AT_STEP, TEST_OOM_RANK = "DLOKIT_TEST_OOM_AT_STEP", "DLOKIT_TEST_OOM_RANK"
+# Test only (tests/test_race.py): rank 0 takes this many more seconds to write its records after a signal's
+# checkpoint, as a large checkpoint on a slow file system would. Never set it for a real run.
+TEST_SLOW_CHECKPOINT = "DLOKIT_TEST_SLOW_CHECKPOINT_S"
 
 
 class Instrument:
@@ -347,6 +351,8 @@ class Instrument:
         """The checkpoint the signal asked for is saved: summary 'checkpointed' (with `signal`), the process group
         left. Returns the exit code, REQUEUE_EXIT_CODE: the kit's job then requeues itself and resumes."""
         name = self.on_signal.received
+        if self.rank == 0 and os.environ.get(TEST_SLOW_CHECKPOINT):
+            time.sleep(float(os.environ[TEST_SLOW_CHECKPOINT]))
         if not self._ended:
             self.record.log("event", event="checkpointed_on_signal", signal=name, step=self.steps_done)
         self.finish(status="checkpointed", signal=name, steps=self.steps_done, **extra)
@@ -354,6 +360,7 @@ class Instrument:
             signal.signal(signum, signal.SIG_IGN)
         self.say(f"checkpointed on {name} at step {self.steps_done}: exit code {REQUEUE_EXIT_CODE}, run again "
                  "with --resume (a job submitted by dlokit.race requeues itself and resumes from here)")
+        wait_for_every_rank("checkpointed", CHECKPOINTED_WAIT_S)
         abort_process_group(self.device)
         return REQUEUE_EXIT_CODE
 
@@ -399,6 +406,23 @@ def _store():
         return dist.distributed_c10d._get_default_store()
     except Exception:
         return None
+
+
+def wait_for_every_rank(what: str, timeout_s: float) -> None:
+    """Leave only once every rank got here (at most timeout_s): torchrun and srun stop the other ranks as soon as
+    one exits with an error code, and 75 is one, so a rank leaving first would kill rank 0 while it still writes
+    the checkpoint and the records."""
+    store = _store()
+    if store is None:
+        return
+    key = f"{_stop_key()}/{what}"
+    try:
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and store.add(key, 0) < dist.get_world_size():
+            time.sleep(0.05)
+    except Exception:  # the store is gone: the rank that held it has left, so every rank got here
+        pass
 
 
 def tell_other_ranks(store, note: dict, *, wait_for: int) -> None:
