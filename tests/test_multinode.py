@@ -239,6 +239,8 @@ def test_with_requeue_a_job_that_loses_a_node_waits_for_it_and_runs_again(two_no
         row = wait_for(lambda: next((r for r in dlokit.job_table("requeued").to_dict("records")
                                      if r["state"] == "PENDING"), None), 60, "the job to be requeued")
         assert row["job_id"] == job_id and row["reason"] == "BeginTime", row
+        outcome = dlokit.job_outcome(job_id)  # sacct has the first attempt's NODE_FAIL; the job waits again
+        assert outcome.state == "PENDING" and "requeued after NODE_FAIL" in outcome.cause, str(outcome)
     finally:
         back = script("restart.sh", str(two_nodes), "slurmd:node2")
         assert back.returncode == 0, back.stderr

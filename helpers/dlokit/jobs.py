@@ -20,6 +20,7 @@ from .jobspec import format_seconds
 from .profiles import current_profile
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+REQUEUED_AFTER = {"NODE_FAIL", "PREEMPTED"}  # ends of one attempt after which Slurm (--requeue) queues the job again
 # submitit's words when the time-limit signal stops a job: the first line comes as the signal arrives, the
 # second as it gives up; a job that exits in between ends FAILED in Slurm's accounting, not TIMEOUT
 TIMED_OUT_SIGNS = ("this job is timed-out", "timed-out and not checkpointable")
@@ -403,6 +404,11 @@ def _slurm_row(card: JobCard) -> dict:
     """sacct's line for a finished job; squeue's while the controller has the job (it knows first that the
     job waits, and why, or that it just ended); then sacct's once slurmdbd has the end (exit code, MaxRSS)."""
     row = _sacct(card.job_id)
+    if row is not None and row["state"] in REQUEUED_AFTER:  # the attempt's end; the job itself may wait to rerun
+        live = _squeue_state(card)
+        if live.get("seen") and live["state"] in ACTIVE:
+            why = live.get("cause", "").removeprefix("waiting: ")
+            return {**live, "cause": f"requeued after {row['state']}: waits to run again" + (f" ({why})" if why else "")}
     if row is not None and row["state"] not in ACTIVE:
         return row
     live = _squeue_state(card)
