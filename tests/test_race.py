@@ -54,8 +54,10 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, out
 
 
-def make_test_run(runs: Path, tiny: Path, run_id: str = "test") -> str:
-    code, out = finish(script(runs, run_id, "--data", tiny, "--test", "--test-nsteps", 8))
+def make_test_run(runs: Path, tiny: Path, run_id: str = "test", checkpoint: bool = True) -> str:
+    """A --test job of 8 steps which saves a checkpoint at its last step, as race.submit_test's does."""
+    code, out = finish(script(runs, run_id, "--data", tiny, "--test", "--test-nsteps", 8,
+                              *(["--checkpoint-steps", 8] if checkpoint else [])))
     assert code == 0, out
     return run_id
 
@@ -80,9 +82,10 @@ def test_plan_follows_from_a_real_test_run(tmp_path, tiny):
     summary, config = run.summary, run.config
     # the formula, worked out here from the record itself
     step = summary["t_data"] + summary["t_step"]  # CPU: the measured pace per step
-    startup = summary["ended_unix"] - summary["process_started_unix"] - summary["steps"] * step
+    [save] = [e["seconds"] for e in run.rank0["metrics"] if e.get("event") == "checkpoint_saved"]  # at step 8
+    startup = summary["ended_unix"] - summary["process_started_unix"] - summary["steps"] * step - save
     val_batches = math.ceil(12 / 8)  # 4 classes x 3 validation images, batch 8
-    epoch = config["steps_per_epoch"] * step + val_batches * (summary["t_data"] + summary["t_forward"])
+    epoch = config["steps_per_epoch"] * step + val_batches * (summary["t_data"] + summary["t_forward"]) + save
     budget_s = 120.0
     expected = math.floor((budget_s - startup) / epoch)
 
@@ -90,6 +93,7 @@ def test_plan_follows_from_a_real_test_run(tmp_path, tiny):
     assert config["steps_per_epoch"] == 6 and plan.val_batches == val_batches
     assert plan.test.startup_s == pytest.approx(startup) and plan.epoch_s == pytest.approx(epoch)
     assert plan.epochs == expected and expected >= 1
+    assert save > 0 and plan.checkpoint_s == pytest.approx(save) and f"checkpoint: {save:.2f} s per epoch" in plan.formula()
     text = plan.formula()
     assert f"= {expected}\n" in text and f"{plan.test.step_s:.4f} s" in text and f"{startup:.1f} s" in text
     assert plan.gpu_hours == pytest.approx((startup + expected * epoch) / 3600)
@@ -113,6 +117,13 @@ def test_plan_follows_from_a_real_test_run(tmp_path, tiny):
         race.submit_run(day, plan, ["--batch-size", "16"])
     with pytest.raises(race.RacePlanError, match="not completed|missing"):
         race.make_plan("nothing-here", profile=profile, runs_dir=tmp_path)
+
+
+def test_a_plan_from_a_test_without_a_checkpoint_says_it_leaves_the_saves_out(tmp_path, tiny):
+    plan = race.make_plan(make_test_run(tmp_path, tiny, "bare", checkpoint=False), profile=dlokit.get_profile("local"),
+                          runs_dir=tmp_path, budget_minutes=2)
+    assert plan.test.checkpoint_s is None and plan.checkpoint_s == 0
+    assert "saved no checkpoint" in plan.formula() and "(the test saved none)" in plan.formula()
 
 
 def test_form_gives_the_scripts_own_options():

@@ -4,7 +4,7 @@
     plan = make_plan(test, profile=profile) # budget and GPU count from the profile
     print(plan.formula())                   # the formula with the measured numbers in it
 
-    epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start))
+    epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start + checkpoint))
 
 * step time: the test's measured pace per step, its wait for data included (summary `t_period` on a GPU,
   `t_data + t_step` on the CPU);
@@ -12,7 +12,9 @@
   data set scan, the model, the first batches' allocations and warm-up;
 * validation: the whole val/ split every epoch, shared by the GPUs, at the test's forward time per batch
   (+ its data wait): forward-only, without the backward;
-* loader start: the DataLoader workers start again every epoch unless --persistent-workers.
+* loader start: the DataLoader workers start again every epoch unless --persistent-workers;
+* checkpoint: the race run saves one every epoch (--checkpoint-epochs); the test saves one at its last step
+  (submit_test passes --checkpoint-steps) and its `checkpoint_saved` event says how long that took.
 
 Budget: `race_budget_minutes` of wall clock (the local profiles) or `race_budget_gpu_hours` shared by
 `race_gpus` GPUs (the clusters). A test on W GPUs planned for G: the per-step time is taken as the same
@@ -59,6 +61,7 @@ class TestRun:
     persistent_workers: bool
     num_workers: int
     drop_last: bool
+    checkpoint_s: float | None   # one checkpoint save, None: the test saved none
     power_w: float | None        # energy per device-second of the test (NVML or RAPL), None: n/a
     energy_source: str | None
     config: dict = field(default_factory=dict)
@@ -91,7 +94,10 @@ def measure(run_id: str, runs_dir=None, val_images: int | None = None) -> TestRu
             raise RacePlanError(f"test run {run_id}: its validation split {val_dir} is not readable from here; "
                                 "pass val_images=<number of validation images>")
         val_images = count_images(val_dir)
-    startup = max(0.0, (usage.elapsed_s or 0.0) - steps * step_s)
+    saves = run.lines("event")
+    saves = saves[saves["event"] == "checkpoint_saved"] if "event" in saves else saves.iloc[0:0]
+    checkpoint_s = float(saves["seconds"].max()) if "seconds" in saves and saves["seconds"].notna().any() else None
+    startup = max(0.0, (usage.elapsed_s or 0.0) - steps * step_s - (checkpoint_s or 0.0))
     power = usage.energy_j / usage.gpu_seconds if usage.energy_j is not None and usage.gpu_seconds else None
     return TestRun(run_id=run.run_id, world_size=run.world_size, batch_size=int(config.get("batch_size") or 1),
                    step_s=float(step_s), t_data=float(summary.get("t_data") or 0.0),
@@ -101,6 +107,7 @@ def measure(run_id: str, runs_dir=None, val_images: int | None = None) -> TestRu
                    train_images=config.get("train_images"), val_images=int(val_images or 0),
                    persistent_workers=bool(config.get("persistent_workers")),
                    num_workers=int(config.get("num_workers") or 0), drop_last=bool(config.get("drop_last")),
+                   checkpoint_s=checkpoint_s,
                    power_w=power, energy_source=usage.energy_source if power is not None else None,
                    config=config, argv=list(run.info.get("argv") or []))
 
@@ -116,6 +123,7 @@ class RacePlan:
     val_batches: int
     val_s: float
     loader_s: float
+    checkpoint_s: float
     epochs: int
     notes: list[str] = field(default_factory=list)
 
@@ -125,7 +133,7 @@ class RacePlan:
 
     @property
     def epoch_s(self) -> float:
-        return self.train_epoch_s + self.val_s + self.loader_s
+        return self.train_epoch_s + self.val_s + self.loader_s + self.checkpoint_s
 
     @property
     def planned_s(self) -> float:
@@ -158,9 +166,10 @@ class RacePlan:
         t = self.test
         usable = self.budget_s - t.startup_s
         lines = [
-            "epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start))",
+            "epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start + "
+            "checkpoint))",
             f"       = floor(({self.budget_s:.1f} s − {t.startup_s:.1f} s) / ({self.steps_per_epoch} × "
-            f"{t.step_s:.4f} s + {self.val_s:.2f} s + {self.loader_s:.2f} s))",
+            f"{t.step_s:.4f} s + {self.val_s:.2f} s + {self.loader_s:.2f} s + {self.checkpoint_s:.2f} s))",
             f"       = floor({usable:.1f} s / {self.epoch_s:.2f} s) = {self.epochs}",
             f"budget: {self.budget_words}",
             f"measured by test run {t.run_id}: {t.steps} steps on {t.world_size} GPU(s), batch {t.batch_size} per GPU: "
@@ -173,6 +182,8 @@ class RacePlan:
             "forward-only estimate)",
             f"loader start: {self.loader_s:.2f} s per epoch" + (
                 " (workers start again each epoch)" if self.loader_s else ""),
+            f"checkpoint: {self.checkpoint_s:.2f} s per epoch" + (
+                f" (the test's save, step {t.steps})" if t.checkpoint_s is not None else " (the test saved none)"),
             f"planned: {self.epochs} epoch(s) = {t.startup_s:.1f} s + {self.epochs} × {self.epoch_s:.2f} s = "
             f"{self.planned_s:.0f} s on {self.gpus} GPU(s) = {self.gpu_hours:.3g} GPU-hours "
             f"(budget {self.budget_gpu_hours:.3g}); energy {self.energy_text}; job time limit {self.time_limit}",
@@ -233,9 +244,12 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
         notes.append("the test has no forward-pass timing: a validation batch is taken as a third of a step")
     val_batch_s = test.t_data + (test.t_forward if test.t_forward is not None else test.step_s / 3)
     loader_s = test.first_load_s if test.num_workers and not test.persistent_workers else 0.0
+    if test.checkpoint_s is None:
+        notes.append("the test saved no checkpoint, so the race run's save every epoch is left out of the plan: "
+                     "run the test with --checkpoint-steps <its steps> (race.submit_test does)")
     plan = RacePlan(test=test, gpus=gpus, budget_s=wall, budget_gpu_hours=gpu_hours, budget_words=words,
                     steps_per_epoch=steps_per_epoch, val_batches=val_batches, val_s=val_batches * val_batch_s,
-                    loader_s=loader_s, epochs=0, notes=notes)
+                    loader_s=loader_s, checkpoint_s=test.checkpoint_s or 0.0, epochs=0, notes=notes)
     plan.epochs = max(0, math.floor((wall - test.startup_s) / plan.epoch_s))
     if not plan.fits:
         notes.append(f"the budget does not fit one epoch ({plan.epoch_s:.0f} s after {test.startup_s:.0f} s of "

@@ -41,8 +41,10 @@ def check_begin(value) -> str:
 
 
 def submit_test(day, options=(), steps: int = TEST_STEPS, wait: bool = True) -> str:
-    """A short timed --test job with the race options, on the race's GPU count; returns its job id."""
-    return day.submit(day.command(*options, steps=steps), n_gpu=day.profile.race_gpus, wait=wait, tp=RACE_TAG)[0]
+    """A short timed --test job with the race options, on the race's GPU count; returns its job id. It saves one
+    checkpoint at its last step: the race run saves one every epoch, and the plan counts that time."""
+    return day.submit(day.command("--checkpoint-steps", str(steps), *options, steps=steps), n_gpu=day.profile.race_gpus,
+                      wait=wait, tp=RACE_TAG)[0]
 
 
 def run_command(day, plan: RacePlan, options=()) -> list[str]:
