@@ -141,11 +141,12 @@ def describe_hardware(device=None) -> dict:
 def measurement_context() -> dict:
     """The evidence that a measurement had its devices to itself: when, where, on which cores and
     GPUs, how loaded the machine was, and how long the job waited for its devices."""
+    cores = _my_cores()
     context = {
         "started_unix": round(PROCESS_START, 3),  # the script started (this module is imported early)
         "host": socket.gethostname(),
         "loadavg_start": _loadavg(),
-        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpus": sorted(cores) if cores is not None else None,
         "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "devices_held": jobenv.devices_held() or None,
         "lock_waited_s": jobenv.lock_waited_s(),
