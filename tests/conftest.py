@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -63,13 +64,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _first_job_id(nodes: int) -> int:
+    """Clusters started by different workers number their jobs apart (a job's rendezvous port comes from its id)."""
+    worker = int(re.sub(r"\D", "", os.environ.get("PYTEST_XDIST_WORKER", "")) or 0)
+    return 1 + 3000 * (2 * worker + (nodes > 1))
+
+
 def _start_cluster(state_dir: Path, nodes: int = 1) -> dict:
     """scripts/local_slurm/start.sh on free ports (a cluster already running is left alone); its env.sh variables."""
     if os.environ.get("DLOKIT_SKIP_SLURM"):
         pytest.skip("DLOKIT_SKIP_SLURM is set")
     started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), "--nodes", str(nodes), str(state_dir)],
                              capture_output=True, text=True, timeout=300,
-                             env={**os.environ, **_free_ports_for(nodes)})
+                             env={**os.environ, **_free_ports_for(nodes),
+                                  "DLOKIT_SLURM_FIRST_JOB_ID": str(_first_job_id(nodes))})
     if started.returncode:
         raise RuntimeError(f"local Slurm did not start:\n{started.stdout}\n{started.stderr}")
     return _cluster_env(state_dir)

@@ -33,7 +33,20 @@ def test_slurm_srun_task():
                        "SLURM_STEP_NODELIST": "jz[010-011]", "SLURM_CPUS_PER_TASK": "10"})
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (5, 1, 8, 4)
     assert env.master_addr == "jz010" and env.hostnames == ("jz010", "jz011")
-    assert env.master_port == 20000 + 424242 % 20000 and env.cpus_per_task == 10 and env.source == "slurm"
+    assert env.master_port == rank.port_from_job_id("424242") and env.cpus_per_task == 10 and env.source == "slurm"
+
+
+def test_rendezvous_ports_stay_below_the_ephemeral_range_and_skip_a_taken_one():
+    """Outgoing connections and Jupyter kernels take ports in 32768-60999: a job's port is picked below."""
+    ports = {rank.port_from_job_id(str(job_id)) for job_id in range(100000, 100500)}
+    assert len(ports) == 500 and all(rank.PORT_LOW <= p < 32768 for p in ports)
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("", rank.PORT_HIGH))
+        taken.listen()
+        port = rank.free_port(rank.PORT_HIGH)
+        assert port != rank.PORT_HIGH and rank.PORT_LOW <= port < rank.PORT_HIGH  # wrapped around within the range
 
 
 def test_batch_script_outside_srun_is_a_single_process():

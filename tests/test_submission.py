@@ -56,6 +56,8 @@ def test_list_of_commands_makes_one_job_per_combination(backend):
     assert [o.state for o in outcomes] == ["COMPLETED"] * 4, "\n".join(map(str, outcomes))
     seen = {(tuple(json_lines(i, 1)[0]["argv"]), json_lines(i, 1)[0]["world_size"]) for i in ids}
     assert seen == {(("a",), 1), (("b",), 1), (("a",), 2), (("b",), 2)}
+    # below the ephemeral ports (a rendezvous port drawn there was once taken by another connection)
+    assert all(json_lines(i, 1)[0]["master_port"] < 32768 for i in ids)
     if backend.backend == "slurm":
         assert any("_" in i for i in ids), "same-layout jobs should go as a Slurm job array"
 

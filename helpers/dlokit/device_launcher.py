@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlokit import jobenv
+from dlokit import jobenv, rank
 from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     waited = _wait_for_devices(queue, waiting)
     env = {**os.environ, jobenv.DEVICES: ",".join(queue.held), jobenv.LOCK_WAITED_S: f"{waited:.3f}",
            # the controller names its task logs after its parent (this launcher), as under a shell
-           "SUBMITIT_LOCAL_WITH_SHELL": "1"}
+           "SUBMITIT_LOCAL_WITH_SHELL": "1",
+           # checked free now (submitit would draw one at random, often in the ephemeral range, taken)
+           "MASTER_PORT": str(rank.free_port(rank.port_from_job_id(str(pid))))}
     if any(d.startswith("gpu") for d in queue.held):
         env["CUDA_VISIBLE_DEVICES"] = _gpu_ids(queue.held)  # each task then keeps its own (ScriptTask)
     mem_mb = _memory_limit_mb(args.mem_mb, queue)

@@ -72,9 +72,29 @@ def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     return counts[node_id] if node_id < len(counts) else (counts[0] if counts else 1)
 
 
-def _port_from_job_id(job_id: str | None) -> int:
+# Rendezvous ports stay below Linux's ephemeral range (32768-60999), where the kernel hands out ports
+# to outgoing connections and Jupyter kernels listen: a port picked there may be taken already.
+PORT_LOW, PORT_HIGH = 20000, 32767
+
+
+def port_from_job_id(job_id: str | None) -> int:
+    """The same port in every task of a job (each computes it alone), different for jobs running together."""
     digits = re.sub(r"\D", "", job_id or "")
-    return 20000 + int(digits) % 20000 if digits else 29500
+    return PORT_LOW + int(digits) % (PORT_HIGH - PORT_LOW + 1) if digits else 29500
+
+
+def free_port(start: int) -> int:
+    """The first port from `start` on (wrapping within the range) that nothing on this host has bound."""
+    span = PORT_HIGH - PORT_LOW + 1
+    for step in range(span):
+        port = PORT_LOW + (start - PORT_LOW + step) % span
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+        return port
+    return start
 
 
 def _cpus_per_task(env) -> int:
@@ -115,7 +135,7 @@ def detect(env=None) -> DistEnv:
             world_size=world,
             local_world_size=tasks_on_node(tasks_per_node, int(env.get("SLURM_NODEID") or 0)),
             master_addr=hosts[0],
-            master_port=int(env.get("MASTER_PORT") or _port_from_job_id(env.get("SLURM_JOB_ID"))),
+            master_port=int(env.get("MASTER_PORT") or port_from_job_id(env.get("SLURM_JOB_ID"))),
             source="slurm",
             cpus_per_task=_cpus_per_task(env),
             job_id=job_id,

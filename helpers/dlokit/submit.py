@@ -25,7 +25,7 @@ from submitit.core.utils import FailedJobError
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 from submitit.local.local import LocalJob
 
-from . import devices, jobenv, jobs
+from . import devices, jobenv, jobs, rank
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_fits, cluster_limits, plan, setup_lines,
                       slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
@@ -45,8 +45,11 @@ class ScriptTask:
         self.argv, self.python, self.cwd, self.env = argv, python, cwd, env
 
     def __call__(self) -> str:
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         job = submitit.JobEnvironment()
+        if job.cluster == "slurm":  # the job's own port, not one inherited from the submitting shell
+            os.environ["MASTER_PORT"] = str(rank.port_from_job_id(job.job_id))
+        # (a local job's launcher has set one it found free)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         env = {**os.environ, jobenv.RUN_ID: job.job_id, **self.env}
         _own_gpus(env)
         cpus = _pin_to_own_cores(env) or jobenv.cpus_per_task(env)

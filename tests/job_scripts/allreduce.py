@@ -13,5 +13,6 @@ value = torch.tensor([env.rank + 1.0], device=device)
 if env.distributed:
     dist.all_reduce(value)
 print(json.dumps({"rank": env.rank, "world_size": env.world_size, "source": env.source,
-                  "sum": value.item(), "argv": sys.argv[1:]}), flush=True)
+                  "sum": value.item(), "argv": sys.argv[1:],
+                  "master_port": env.master_port}), flush=True)
 rank.destroy_process_group()
