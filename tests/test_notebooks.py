@@ -132,6 +132,11 @@ print("DLOKIT_PROBE " + json.dumps({{"profile": profile.name, {extra}}}))
 DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"}
 
 
+# The local notebooks take turns for this machine's CPU (device locks): on one pytest worker, one after
+# the other, each runs at its own pace instead of waiting for another's jobs between each of its own.
+LOCAL_NOTEBOOK = pytest.mark.xdist_group("local-notebooks")
+
+
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """Job logs and run records in a fresh folder; the kernel inherits these variables. The device locks
@@ -166,12 +171,14 @@ def check_day2(results, probe, profile, processes):
 
 
 @pytest.mark.slow
+@LOCAL_NOTEBOOK
 def test_day1_local_solutions(isolated):
     results, probe, _ = execute(DAY1, isolated, {**DAY1_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY1_PROBE)
     check_day1(results, probe, "local")
 
 
 @pytest.mark.slow
+@LOCAL_NOTEBOOK
 def test_day2_local_solutions(isolated):
     results, probe, _ = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY2_PROBE)
     check_day2(results, probe, "local", [1, 2])
@@ -221,6 +228,7 @@ def check_day3(results, probe, profile):
 
 
 @pytest.mark.slow
+@LOCAL_NOTEBOOK
 def test_day3_local_solutions(isolated):
     results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY3_PROBE)
     check_day3(results, probe, "local")
@@ -264,6 +272,7 @@ def check_day4(results, probe, profile):
 
 
 @pytest.mark.slow
+@LOCAL_NOTEBOOK
 def test_day4_local_solutions(isolated):
     results, probe, _ = execute(DAY4, isolated, {**DAY4_TINY, "SCRIPTS": "../tp_scripts/solutions"}, DAY4_PROBE)
     check_day4(results, probe, "local")
