@@ -16,11 +16,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from jupyter_page import ARTIFACTS, new_page, run_cells, wait_for_one_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 DAY1 = REPO / "notebooks" / "day1_single_gpu.ipynb"
-ARTIFACTS = REPO / "output" / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 pytestmark = pytest.mark.browser
 
@@ -74,39 +73,18 @@ def first_submit_cell(notebook: Path) -> int:
     return next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "day.submit(" in "".join(c["source"]))
 
 
-def run_cells(page, count: int, total: int) -> None:
-    """Shift+Enter `count` times from the first cell, each time until the status bar shows the next cell active:
-    on a loaded machine JupyterLab can drop a keystroke (CI: the set-up cell skipped, the next ones failing on
-    NameError), so a press that moved nothing within 20 s is made again."""
-    from playwright.sync_api import TimeoutError
-
-    for target in range(2, count + 2):
-        for attempt in range(3):
-            page.keyboard.press("Shift+Enter")
-            try:
-                page.wait_for_function(f"() => document.body.innerText.includes('Cell {target}/{total}')",
-                                       timeout=20_000)
-                break
-            except TimeoutError:
-                if attempt == 2:
-                    raise
-
-
 def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
     from playwright.sync_api import sync_playwright
 
     url, token = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = new_page(playwright)
         page.goto(f"{url}/lab/tree/notebooks/{DAY1.name}?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        page.click(".jp-Notebook .jp-Cell >> nth=0")
-        run_cells(page, first_submit_cell(DAY1) + 1, len(json.loads(DAY1.read_text())["cells"]))
+        wait_for_one_kernel(page, f"{url}/api/kernels?token={token}")
+        run_cells(page, 0, first_submit_cell(DAY1) + 1, len(json.loads(DAY1.read_text())["cells"]))
         try:
             widget = page.wait_for_selector(".dlokit-queue-widget", timeout=240_000)
         except Exception:
@@ -122,4 +100,4 @@ def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
             "() => document.querySelector('.dlokit-queue-widget').innerText.includes('none left')", timeout=300_000)
         final = widget.inner_text()
         assert final != first
-        browser.close()
+        page.context.browser.close()

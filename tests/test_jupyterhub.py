@@ -24,11 +24,10 @@ import nbformat
 import pytest
 
 from conftest import free_ports
+from jupyter_page import ARTIFACTS, new_page, run_cells, wait_for_one_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 HUB_SCRIPTS = REPO / "scripts" / "jupyterhub"
-ARTIFACTS = REPO / "output" / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 USER = "dlokithub1"
 NICKNAME = "hubtest"
 TINY = {"NICKNAME": NICKNAME, "PROFILE": "local-slurm", "MODEL": "mobilenet_v3_small", "IMAGE_SIZE": 32,
@@ -107,39 +106,16 @@ def wait_until(predicate, timeout_s: float, what: str):
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def with_parameters(notebook: Path, parameters: dict) -> tuple[int, int]:
+def with_parameters(notebook: Path, parameters: dict) -> tuple[int, int, int]:
     """Add a cell after the parameters cell, as papermill does (the student would edit the cell); returns
-    the index of the parameters cell and how many cells to run so that the first submit cell has just run."""
+    the index of the parameters cell, the index just after the first submit cell, and the cell count."""
     nb = nbformat.read(notebook, as_version=4)
     where = next(i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", []))
     source = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
     nb.cells.insert(where + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
     nbformat.write(nb, notebook)
     submit = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and "day.submit(" in cell.source)
-    return where, submit + 1
-
-
-def run_cells(page, first: int, count: int) -> None:
-    """Shift+Enter from cell `first` until `count` cells have run. Just after opening, JupyterLab may
-    reconnect to the kernel once, and a cell sent then is lost: the first one is sent again until the
-    kernel answers (its prompt shows an execution count)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(first)
-    for _ in range(5):
-        cell.click()
-        page.keyboard.press("Shift+Enter")
-        try:
-            page.wait_for_function("el => /\\[\\d+\\]/.test(el.innerText)",
-                                   arg=cell.locator(".jp-InputPrompt").element_handle(), timeout=20_000)
-            break
-        except PlaywrightTimeout:
-            continue
-    else:
-        pytest.fail(f"cell {first} never ran")
-    for _ in range(count - first - 1):
-        page.keyboard.press("Shift+Enter")
-        time.sleep(0.5)
+    return where, submit + 1, len(nb.cells)
 
 
 @pytest.fixture
@@ -165,10 +141,10 @@ def hub(slurm_cluster, tmp_path):
                 env={**env, "DLOKIT_HUB_PASSWORD": password})
             home = homes / USER
             notebook = home / "notebooks" / "day1_single_gpu.ipynb"
-            first, count = with_parameters(notebook, TINY)
+            cells = with_parameters(notebook, TINY)
             shutil.chown(notebook, USER)
             run(["bash", str(HUB_SCRIPTS / "start.sh")], env=env, timeout=120)
-            yield {"url": f"http://127.0.0.1:{port}", "password": password, "home": home, "cells": (first, count),
+            yield {"url": f"http://127.0.0.1:{port}", "password": password, "home": home, "cells": cells,
                    "runs": homes / "class" / "runs"}
         finally:
             subprocess.run(["bash", str(HUB_SCRIPTS / "stop.sh"), "--servers"], env=env, capture_output=True,
@@ -185,15 +161,12 @@ def test_student_runs_day1_submit_cell_from_jupyterhub_on_slurm(hub):
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = new_page(playwright)
         try:
             student_session(page, hub)
         finally:
             page.screenshot(path=str(ARTIFACTS / "jupyterhub-last.png"), full_page=False)  # where it ended
-            browser.close()
+            page.context.browser.close()
 
 
 def student_session(page, hub):
@@ -205,11 +178,15 @@ def student_session(page, hub):
     page.wait_for_url(f"**/user/{USER}/lab**", timeout=120_000)  # spawn-pending until the job serves
 
     [(server_job, _)] = user_jobs("RUNNING")
-    assert accounting(server_job)["user"] == USER, "the server must be a job of the student"
+    # until slurmdbd has the job's record, sacct shows a placeholder ("allocation", user root, PENDING)
+    server = wait_until(lambda: (lambda a: a if a["state"] != "PENDING" else None)(accounting(server_job)), 30,
+                        "the server job in Slurm's accounting")
+    assert server["user"] == USER, f"the server must be a job of the student: {server}"
 
     page.goto(f"{hub['url']}/user/{USER}/lab/tree/notebooks/day1_single_gpu.ipynb?reset")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    wait_for_one_kernel(page, f"{hub['url']}/user/{USER}/api/kernels")
     run_cells(page, *hub["cells"])
 
     page.wait_for_selector(".dlokit-queue-widget table.dlokit-queue", timeout=240_000)

@@ -188,8 +188,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # A job without --mem gets its CPUs' share of the node's memory (an --exclusive job: all of it).
 DefMemPerCPU=$((MEM_MB / CPUS))
-# Make time limits and cleanup bite fast (tests).
-KillWait=2
+# Make time limits and cleanup bite fast (tests). KillWait: a cancelled or timed-out step has 5 s between
+# SIGTERM and SIGKILL to record how it ended (2 s was too short for a loaded 2-core CI machine; Slurm's default: 30 s).
+KillWait=5
 OverTimeLimit=0
 InactiveLimit=0
 MinJobAge=30
