@@ -91,6 +91,12 @@ def accounting(job_id: str) -> dict:
     return {"job": job, "name": name, "user": user, "state": state.split()[0]}
 
 
+def accounted(job_id: str, past: tuple[str, ...]) -> dict | None:
+    """The job's accounting record once its state is none of `past` (None before)."""
+    record = accounting(job_id)
+    return None if record["state"] in past else record
+
+
 def job_logs(home: Path) -> str:
     return "\n".join(f"--- {path}\n{path.read_text()[-3000:]}"
                      for path in sorted((home / "notebooks" / "dlokit_jobs").rglob("*_log.*")))
@@ -179,8 +185,7 @@ def student_session(page, hub):
 
     [(server_job, _)] = user_jobs("RUNNING")
     # until slurmdbd has the job's record, sacct shows a placeholder ("allocation", user root, PENDING)
-    server = wait_until(lambda: (lambda a: a if a["state"] != "PENDING" else None)(accounting(server_job)), 30,
-                        "the server job in Slurm's accounting")
+    server = wait_until(lambda: accounted(server_job, past=("PENDING",)), 30, "the server job in Slurm's accounting")
     assert server["user"] == USER, f"the server must be a job of the student: {server}"
 
     page.goto(f"{hub['url']}/user/{USER}/lab/tree/notebooks/day1_single_gpu.ipynb?reset")
@@ -206,10 +211,13 @@ def student_session(page, hub):
     assert job_id != server_job
     assert record["run_id"] == job_id and record["world_size"] == 1, record
     assert summary["status"] == "completed", summary
-    assert accounting(job_id) == {"job": job_id, "name": NICKNAME, "user": USER, "state": "COMPLETED"}
+    # the queue reads the job's end from the run; slurmdbd's record of it can lag a few seconds behind
+    ended = wait_until(lambda: accounted(job_id, past=("PENDING", "RUNNING")), 30, "the job's end in Slurm's accounting")
+    assert ended == {"job": job_id, "name": NICKNAME, "user": USER, "state": "COMPLETED"}
     assert (records / "summary.json").stat().st_mode & 0o020, "the class folder's files are group-writable"
 
     page.goto(f"{hub['url']}/hub/home")
     page.click("#stop")
     wait_until(lambda: not user_jobs(), 60, "the server's job to end")
-    assert accounting(server_job)["state"] == "CANCELLED"
+    stopped = wait_until(lambda: accounted(server_job, past=("PENDING", "RUNNING")), 30, "the server job's end")
+    assert stopped["state"] == "CANCELLED", stopped
