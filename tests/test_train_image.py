@@ -324,6 +324,35 @@ def test_cancelled_run_is_recorded_as_cancelled(tmp_path, signum):
     assert record["metrics"][-1]["event"] == "cancelled"
 
 
+SIGNALLED_TWICE = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import instrument
+
+class Run:  # what the handler calls; a second SIGTERM comes while the first cancel is being recorded
+    device = "cpu"
+
+    def cancel(self, signum):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        open("recorded", "w").write(signal.Signals(signum).name)
+
+instrument.install_cancel_handlers(Run())
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+"""
+
+
+def test_a_second_sigterm_does_not_cut_the_record_of_the_first(tmp_path):
+    """Under Slurm a cancelled script gets SIGTERM from slurmstepd and again from the kit's task, which forwards
+    it: the second must not end the process while the first is writing the summary (CI: 'cancelled' event
+    logged, no summary.json)."""
+    result = subprocess.run([PYTHON, "-c", SIGNALLED_TWICE, str(REPO / "tp_scripts")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert (tmp_path / "recorded").read_text() == "SIGTERM"
+
+
 # ---- timing: the CPU/GPU overlap is kept (a fake GPU clock counts the synchronisations) ----------
 
 class FakeEvent:

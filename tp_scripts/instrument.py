@@ -543,6 +543,10 @@ def install_cancel_handlers(ins) -> dict:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return None
+        # Slurm signals every process of the step and the kit's task forwards the signal too: a second one,
+        # handled in the middle of the first, would end the process before its summary is written.
+        for other in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(other, signal.SIG_IGN)
         ins.cancel(signum)
         abort_process_group(ins.device)
         if hasattr(signal, "SIGCHLD"):  # the job's signal ended the DataLoader workers too: no complaint about it

@@ -291,6 +291,7 @@ def _install_cancel_handler() -> None:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM (Slurm's and the task's) must not cut the writing
         for record in list(_open_records):
             try:
                 record.finish(status="cancelled", signal=signal.Signals(signum).name)
