@@ -67,6 +67,21 @@ class Day:
         self.submitted += ids
         return ids
 
+    def submit_arms(self, arms: dict, repeats: int = 1, n_gpu: int = 1, tp: str | None = None, **options) -> dict:
+        """Submit each command of `arms` ({label: command}, or {label: (command, n_gpu)}) `repeats` times,
+        alternating (A B A B ...: the jobs run in that order, so a drift of the machine over the minutes hits
+        every arm alike); show the queue until they end; return {label: [job ids]}, the arms that
+        dlokit.analysis.compare_runs and dlokit.lessons take."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be 1 or more, got {repeats}")
+        order = [label for _ in range(repeats) for label in arms]
+        jobs = [arms[label] if isinstance(arms[label], tuple) else (arms[label], n_gpu) for label in order]
+        ids = self.submit(jobs, tp=tp, **options)
+        jobs = {label: [] for label in arms}
+        for label, job in zip(order, ids):
+            jobs[label].append(job)
+        return jobs
+
     # ---- what one day hands to the next (e.g. the batch size Day 1 chose) ----------------------
     @property
     def _notes_path(self) -> Path:

@@ -1,22 +1,35 @@
-"""Text that follows measurement: after a comparison, say what THIS run measured, whether it agrees
-with the lesson, and — on a CPU — the public GPU figure beside it (../shared/reference/figures.md,
-quoted with its source, never presented as ours).
+"""Text that follows measurement: after a comparison, what THIS measurement says about the lesson.
 
-    lessons.verdict("amp", ratio=0.81, on_gpu=False, what="bf16 vs fp32 compute throughput")
+    v = lessons.judge("amp", fp32_jobs, bf16_jobs, on_gpu=False, what="bf16 against fp32")
+    v.outcome      # "agrees", "contradicts", "within noise", "not applicable" or "no measurement"
+    v              # one paragraph: the ratio with its interval, the lesson, the verdict
+
+The verdict follows from the interval (dlokit.analysis.stats), never from a fixed threshold: the interval
+above 1 for a lesson that predicts a gain agrees, below 1 contradicts, across 1 is within noise. A lesson
+whose mechanism needs a GPU (tensor cores, an asynchronous device queue) is "not applicable" on a CPU-only
+run whatever the ratio: the ratio is shown, the public GPU figure beside it (../shared/reference/figures.md,
+quoted with its source, never presented as ours). The check cells call the same judge, so the verdict
+above a check and the check's speed part never disagree.
 """
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass
+
+from dlokit.analysis import stats
+from dlokit.analysis.stats import AGREES, CONTRADICTS, WITHIN_NOISE, Estimate
+
+NOT_APPLICABLE, NO_MEASUREMENT = "not applicable", "no measurement"
 
 
 @dataclass(frozen=True)
 class Lesson:
     expectation: str          # what the effect should do, in words
-    expects_gain: bool        # the lesson predicts ratio > 1 (a speed-up); False: a cost (ratio < 1)
+    expects_gain: bool        # the lesson predicts ratio > 1; False: ratio < 1 (a cost, or less waiting)
     public: str               # a public GPU figure and its source
-    cpu_note: str = ""        # why a CPU may disagree
+    gpu_only: str = ""        # why only a GPU can show it: a CPU-only run is "not applicable"
+    metric: str = "throughput_train"
+    measured: str = "throughput"  # the metric in words
 
 
 LESSONS = {
@@ -24,24 +37,31 @@ LESSONS = {
         "a GPU trains many times faster than the CPU", True,
         "ResNet-50, 1×A100-80GB, AMP: 2,470 img/s (NVIDIA DeepLearningExamples); the same model on this "
         "project's 2-core CPU: ≈5.5 img/s at 224 px",
-        "without a GPU both runs used the CPU: there is nothing to compare"),
+        "without a GPU both runs computed on the CPU: there is no GPU run to compare"),
     "amp": Lesson(
         "16-bit autocast speeds training up on tensor cores and halves activation memory", True,
         "ResNet-50, 1×A100-80GB: 2,470 img/s with AMP vs 938 img/s in TF32 (NVIDIA DeepLearningExamples)",
-        "CPU autocast to bf16 adds conversions and most CPUs have no bf16 matrix units, so it is often slower"),
+        "the speed-up comes from tensor cores; CPU autocast to bf16 adds conversions around each operator "
+        "and most CPUs have no bf16 matrix units", metric="throughput_compute", measured="compute throughput"),
     "channels_last": Lesson(
         "NHWC convolutions avoid layout conversions around tensor-core kernels", True,
         "ResNet-50 on A100, timm with AMP + channels_last: ≈2,600 img/s (pytorch-image-models issue 1491), "
         "vs 2,470 img/s AMP in NVIDIA's reference",
-        "CPU convolution kernels gain little or nothing from NHWC"),
+        "the conversions it removes are those of cuDNN's tensor-core kernels; CPU convolutions have no such "
+        "kernels to feed", metric="throughput_compute", measured="compute throughput"),
+    "tf32": Lesson(
+        "TF32 tensor cores speed up fp32 matrix products and convolutions", True,
+        "A100: 156 TFLOPS in TF32 vs 19.5 TFLOPS in strict fp32 (NVIDIA's A100 datasheet)",
+        "TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 in fp32",
+        metric="throughput_compute", measured="compute throughput"),
     "dataloader": Lesson(
-        "worker processes, pinning and prefetching hide the data loading behind the computation", True,
+        "worker processes and prefetching hide the data loading behind the computation: the training loop "
+        "waits less for each batch", False,
         "DLO-JZ, ResNet-152 batch 512 on 1×A100: 226 img/s with every DataLoader option off, 1,164 img/s tuned",
-        "on a CPU the workers take cores from the computation: the data wait drops, the total may not"),
+        metric="t_data", measured="time waiting for the batch"),
     "ddp": Lesson(
         "N data-parallel ranks train close to N times faster (weak scaling)", True,
-        "DLO-JZ, ResNet-152: 4,455 img/s on 4×A100 (≈96 % efficiency), 26.2k img/s on 32×A100 (≈70 %)",
-        "CPU ranks exchange gradients through gloo over shared memory; each rank owns its share of the cores"),
+        "DLO-JZ, ResNet-152: 4,455 img/s on 4×A100 (≈96 % efficiency), 26.2k img/s on 32×A100 (≈70 %)"),
     "sync_bn": Lesson(
         "SyncBatchNorm costs time (a collective per BatchNorm layer) for steadier statistics", False,
         "DLO-JZ, ResNet-152 on 4 GPUs: 3,471 img/s with SyncBatchNorm vs 4,455 img/s without",
@@ -49,46 +69,110 @@ LESSONS = {
     "metric_step": Lesson(
         "synchronising the metrics less often removes a host-device stall per step", True,
         "no public figure: the gain is the stall removed, largest for short GPU steps",
-        "a CPU has no asynchronous device queue to stall: expect no difference"),
+        "the stall it removes is the host waiting for the GPU's queue of kernels; a CPU computes in the "
+        "host's own thread, with no queue to drain"),
     "find_unused": Lesson(
         "find_unused_parameters costs a graph traversal per step", False,
-        "no public figure: the cost grows with the number of autograd nodes", ""),
+        "no public figure: the cost grows with the number of autograd nodes"),
     "compile": Lesson(
         "after a one-off compile time, compiled code runs each step faster (fused kernels, fewer memory trips)", True,
         "Llama-3.1-8B on 8×H100 with torchtitan: 5,762 tokens/s/GPU eager, 6,667 with torch.compile",
-        "on a CPU inductor fuses elementwise chains into C++ loops, but convolutions stay in the same oneDNN "
-        "kernels: expect a gain on the function, little or none on a CNN's training step"),
+        metric="t_step", measured="step time"),
     "augment_on_device": Lesson(
-        "batched mixup/cutmix on the device costs far less than per-image augmentation in the workers", True,
-        "no single public figure: per-image RandAugment cost grows with image size and needs CPU cores per GPU", ""),
+        "a training with batched mixup on the device runs faster than one with per-image RandAugment in the "
+        "loader workers", True,
+        "no single public figure: per-image RandAugment cost grows with image size and needs CPU cores per GPU",
+        "the device that mixes the batches is the GPU, beside the CPU cores the workers use; on a CPU-only run "
+        "both compete for the same cores (the per-image and per-batch costs are measured below instead)"),
+    "augment_cost": Lesson(
+        "batched mixup/cutmix costs far less per image than per-image RandAugment", True,
+        "no single public figure: per-image RandAugment cost grows with image size and needs CPU cores per GPU",
+        measured="cost per image (RandAugment / mixup)"),
 }
 
 
-def agrees(lesson: Lesson, ratio: float, tolerance: float = 0.03) -> bool:
-    return ratio > 1 + tolerance if lesson.expects_gain else ratio < 1 - tolerance
+@dataclass(frozen=True)
+class Verdict:
+    """What one comparison says about one lesson; shown as a quote in Jupyter, text elsewhere."""
 
+    effect: str
+    what: str
+    estimate: Estimate
+    on_gpu: bool
+    outcome: str
 
-def verdict_text(effect: str, ratio: float | None, on_gpu: bool, what: str) -> str:
-    lesson = LESSONS[effect]
-    if ratio is None or not math.isfinite(ratio):
-        return f"{what}: no measurement to compare (a run failed or is missing). The lesson: {lesson.expectation}."
-    where = "on a GPU" if on_gpu else "on the CPU"
-    text = f"This run measured ×{ratio:.2f} for {what}, {where}. The lesson: {lesson.expectation}. "
-    if agrees(lesson, ratio):
-        text += "This measurement agrees."
-    else:
-        text += "This measurement does NOT show it"
-        text += f" — {lesson.cpu_note}." if not on_gpu and lesson.cpu_note else "."
-    if not on_gpu:
-        text += f" For comparison, a public GPU figure (not ours): {lesson.public}."
-    return text
+    @property
+    def lesson(self) -> Lesson:
+        return LESSONS[self.effect]
 
+    @property
+    def applicable(self) -> bool:
+        return self.outcome != NOT_APPLICABLE
 
-class Verdict(str):
+    @property
+    def measured_text(self) -> str:
+        """'×1.30 [1.21–1.40] compute throughput (95 % interval, 2 runs each)'."""
+        e = self.estimate
+        if not e.usable:
+            return "no measurement" if not e.runs else f"{e.text()} {self.lesson.measured} (no interval: too few steps)"
+        return f"{e.text()} {self.lesson.measured} ({100 * e.confidence:.0f} % interval, {e.basis_text})"
+
+    @property
+    def text(self) -> str:
+        lesson = self.lesson
+        if self.outcome == NO_MEASUREMENT:
+            return f"{self.what}: no measurement to compare (a run failed or is missing). The lesson: {lesson.expectation}."
+        where = "on a GPU" if self.on_gpu else "on the CPU"
+        text = f"{self.what}, {where}: {self.measured_text}. The lesson: {lesson.expectation}. "
+        side = "above" if lesson.expects_gain else "below"
+        if self.outcome == NOT_APPLICABLE:
+            text += f"Not applicable on this hardware: {lesson.gpu_only}."
+        elif self.outcome == AGREES:
+            text += f"The interval lies {side} 1: this measurement agrees."
+        elif self.outcome == CONTRADICTS:
+            text += f"The interval lies on the other side of 1: this measurement contradicts it."
+        else:
+            text += "The interval contains 1: within noise, this measurement neither shows nor contradicts it."
+        if not self.on_gpu:
+            text += f" For comparison, a public GPU figure (not ours): {lesson.public}."
+        return text
+
+    def __str__(self) -> str:
+        return self.text
+
     def _repr_markdown_(self) -> str:
-        return f"> {html.escape(self)}"
+        return f"> {html.escape(self.text)}"
 
 
-def verdict(effect: str, ratio: float | None, on_gpu: bool, what: str) -> Verdict:
-    """One paragraph for the cell after a comparison (shown as a quote in Jupyter, text elsewhere)."""
-    return Verdict(verdict_text(effect, ratio, on_gpu, what))
+def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str) -> Verdict:
+    """The verdict of a ratio already estimated (other / baseline, dlokit.analysis.stats)."""
+    lesson = LESSONS[effect]
+    estimate = estimate or stats.NO_ESTIMATE
+    if lesson.gpu_only and not on_gpu:
+        outcome = NOT_APPLICABLE
+    elif not estimate.runs:
+        outcome = NO_MEASUREMENT
+    else:
+        outcome = estimate.outcome(lesson.expects_gain)
+    return Verdict(effect, what, estimate, on_gpu, outcome)
+
+
+def judge(effect: str, base_runs, other_runs, on_gpu: bool, what: str, metric: str | None = None) -> Verdict:
+    """Compare runs of two commands (job ids, Runs, or lists of repeats) on the lesson's metric and say what
+    the interval shows."""
+    from dlokit.analysis.run import load_runs
+
+    base, other = load_runs(_ids(base_runs)), load_runs(_ids(other_runs))
+    estimate = stats.ratio(base, other, metric or LESSONS[effect].metric)
+    return verdict_of(effect, estimate, on_gpu, what)
+
+
+def verdict(effect: str, base_runs, other_runs, on_gpu: bool, what: str, metric: str | None = None) -> Verdict:
+    """judge(), for a notebook cell: the verdict is the cell's value."""
+    return judge(effect, base_runs, other_runs, on_gpu, what, metric)
+
+
+def _ids(runs) -> list:
+    if runs is None:
+        return []
+    return list(runs) if isinstance(runs, (list, tuple)) else [runs]

@@ -109,8 +109,35 @@ def timeout_message(table: pd.DataFrame, timeout_s: float) -> str:
             "or dlokit.cancel(job_id)")
 
 
+LOCAL_POLL_S = 0.2  # on this machine, how often the watch looks whether its jobs have ended (a process check)
+
+
+def _local_cards(job_ids) -> list:
+    """The cards of the watched jobs when they all run on this machine (else []): their launcher processes
+    can be checked often; on Slurm the watch waits for the next refresh, so squeue is not asked more often."""
+    if job_ids is None or current_profile().backend != "local":
+        return []
+    try:
+        return [jobs.find_card(str(i)) for i in job_ids]
+    except LookupError:
+        return []
+
+
+def _pause(timestep: float, cards: list, on_tick=None) -> None:
+    """Sleep until the next refresh, or less when every watched local job has ended in between: a cell that
+    waits for a 10-second job should not wait 5 more for the refresh."""
+    deadline = time.time() + timestep
+    while time.time() < deadline:
+        if on_tick is not None:
+            on_tick()
+        time.sleep(min(LOCAL_POLL_S, max(0.0, deadline - time.time())))
+        if cards and not any(jobs.local_alive(card) for card in cards):
+            return
+
+
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     start, last_text, last = time.time(), None, job_table(name, job_ids)
+    cards = _local_cards(job_ids)
     while True:
         table = job_table(name, job_ids)
         text = table.drop(columns=["elapsed"]).to_string(index=False) if len(table) else "no job left in the queue"
@@ -123,7 +150,7 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
             print(timeout_message(table, timeout_s), flush=True)
             return table
         last = table
-        time.sleep(timestep)
+        _pause(timestep, cards)
 
 
 STYLE = """<style>
@@ -171,6 +198,7 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
         return button
 
     start, last = time.time(), job_table(name, job_ids)
+    cards = _local_cards(job_ids)
     shown_ids: list[str] = []
     with ui_events() as process_clicks:
         while True:
@@ -188,7 +216,4 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
                 board.value += f"<p><b>{html.escape(timeout_message(table, timeout_s))}</b></p>"
                 return table
             last = table
-            deadline = time.time() + timestep
-            while time.time() < deadline:
-                process_clicks(5)
-                time.sleep(0.1)
+            _pause(timestep, cards, on_tick=lambda: process_clicks(5))

@@ -348,17 +348,20 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
 
     Course-compatible signature: `command_or_list` is a command line such as
     'train_classifier.py --batch-size 64' or a list of them, `n_gpu` an int or a list of ints.
+    A `(command, n_gpu)` pair in the list gives that job its own GPU count instead.
     `wait=True` then shows the live queue of these jobs (dlokit.display_slurm_queue) until they end.
     `tag` (e.g. "TP1.2") is written into each run record and job card: the class report groups runs by it.
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
+    jobs = [pair for item in commands for pair in ([tuple(item)] if isinstance(item, tuple) else
+                                                    [(item, gpus) for gpus in gpu_counts])]
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
                                   account=account, cpus_per_task=cpus_per_task, exclusive=exclusive,
                                   env={jobenv.TAG: str(tag)} if tag else {})
-             for cmd in commands for gpus in gpu_counts]
+             for cmd, gpus in jobs]
     ids = [card.job_id for card in submit(specs, profile, verbose=verbose, ignored=ignored)]
     if wait:
         from .queue import display_slurm_queue

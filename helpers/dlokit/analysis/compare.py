@@ -1,4 +1,12 @@
-"""compare_runs: one metric across runs, as a table and bars, with ratios to a baseline run."""
+"""compare_runs: one metric across commands, as a table and bars, each with its interval and its ratio to a
+baseline.
+
+    compare_runs([a, b], "throughput_train")                        # each run is its own arm
+    compare_runs({"fp32": [a1, a2], "bf16": [b1, b2]}, baseline="fp32")   # repeats of one command form one arm
+
+An arm's value is the median of its runs' settled steps (dlokit.analysis.stats), with a 95 % interval; the
+ratio to the baseline arm carries its own interval (the run is the unit when both arms were repeated).
+"""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -6,6 +14,7 @@ from typing import NamedTuple
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, figure_png_base64, message_figure, new_figure
 from dlokit.analysis.overlap import busy, foreign_notes, overlap_notes
 from dlokit.analysis.run import load_runs
@@ -14,13 +23,20 @@ from dlokit.analysis.table import runs_table
 METRICS = ("throughput_train", "throughput_compute", "t_step", "t_data", "t_forward", "t_backward",
            "t_optimizer", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j", "val_acc",
            "best_val_acc", "wall_time_s", "first_step_load_s")
+STEP_METRICS = ("throughput_train", "throughput_compute", "t_step", "t_data", "t_forward", "t_backward",
+                "t_optimizer", "t_h2d", "t_metrics")  # measured every step: an interval from the steps
 
 
 class Comparison(NamedTuple):
-    """(table, figure); shows both in a notebook."""
+    """(table, figure, estimates); shows the table and the figure in a notebook. `estimates[label]` is the
+    ratio of that arm to the baseline (a stats.Estimate)."""
 
     table: pd.DataFrame
     figure: Figure
+    estimates: dict
+
+    def ratio(self, label) -> stats.Estimate:
+        return self.estimates.get(str(label), stats.NO_ESTIMATE)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = figure_png_base64(self.figure)  # also as image/png, so that saved notebooks keep the chart
@@ -29,49 +45,93 @@ class Comparison(NamedTuple):
                 "text/plain": self.table.to_string(index=False)}
 
 
-def _baseline_index(table: pd.DataFrame, metric: str, baseline) -> int | None:
-    usable = table[table[metric].notna()]
-    if usable.empty:
+def arms_of(runs) -> dict[str, list]:
+    """{label: [run ids or Runs]}: a dict as given, else each run is its own arm, labelled by its id."""
+    if isinstance(runs, dict):
+        return {str(label): list(ids) if isinstance(ids, (list, tuple)) else [ids] for label, ids in runs.items()}
+    runs = [runs] if isinstance(runs, (str, int)) or hasattr(runs, "run_id") else list(runs)
+    return {str(getattr(r, "run_id", r)): [r] for r in runs}
+
+
+def _baseline_label(arms: dict, baseline) -> str | None:
+    if not arms:
         return None
     if baseline is None:
-        return usable.index[0]
-    if isinstance(baseline, int) and not isinstance(baseline, bool) and baseline in table.index \
-            and str(baseline) not in set(table["run_id"]):
-        return baseline
-    matches = table.index[table["run_id"] == str(getattr(baseline, "run_id", baseline))]
-    if len(matches) == 0:
-        raise ValueError(f"baseline {baseline!r} is not one of the compared runs: {list(table['run_id'])}")
-    return matches[0]
+        return next(iter(arms))
+    label = str(getattr(baseline, "run_id", baseline))
+    if label in arms:
+        return label
+    for name, ids in arms.items():  # a run id inside an arm
+        if label in [str(getattr(i, "run_id", i)) for i in ids]:
+            return name
+    raise ValueError(f"baseline {baseline!r} is not one of the compared arms or runs: {list(arms)}")
+
+
+def _samples(runs, metric: str, table: pd.DataFrame) -> list:
+    """One array per completed run: its settled steps, or its one reported value (peak memory, accuracy)."""
+    if metric in STEP_METRICS:
+        return [stats.step_values(r, metric) for r in runs if r.state == "completed"]
+    rows = table[table["run_id"].isin([r.run_id for r in runs])]
+    return [[v] for v in pd.to_numeric(rows[metric], errors="coerce").dropna()]
+
+
+def _arm_row(label: str, runs, metric: str, table: pd.DataFrame) -> dict:
+    rows = table[table["run_id"].isin([r.run_id for r in runs])]
+    value = stats.estimate_of_samples(_samples(runs, metric, table))
+    return {"arm": label, "runs": ", ".join(r.run_id for r in runs), "state": "/".join(sorted(set(rows["state"]))),
+            metric: value.value, "low": value.low, "high": value.high,
+            "overlapped_by": ", ".join(o for o in rows["overlapped_by"] if o),
+            "foreign_cpu": rows["foreign_cpu"].max() if rows["foreign_cpu"].notna().any() else float("nan")}
+
+
+def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir=None) -> Comparison:
+    """Compare `metric` (a runs_table column) across arms; ratio = arm / baseline arm, with its interval."""
+    arms = arms_of(runs)
+    loaded = {label: load_runs(ids, runs_dir) for label, ids in arms.items()}
+    table = runs_table([r for group in loaded.values() for r in group])
+    if metric not in table:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {list(METRICS)}")
+    base = _baseline_label(arms, baseline)
+    rows = [_arm_row(label, group, metric, table) for label, group in loaded.items()]
+    base_samples = _samples(loaded[base], metric, table) if base is not None else []
+    estimates = {}
+    for row in rows:
+        if row["arm"] == base:
+            estimate = stats.Estimate(1.0, 1.0, 1.0, len(base_samples), sum(len(s) for s in base_samples))
+        else:
+            estimate = stats.ratio_of_samples(base_samples, _samples(loaded[row["arm"]], metric, table))
+        estimates[row["arm"]] = estimate
+        row.update(ratio=estimate.value, ratio_low=estimate.low, ratio_high=estimate.high,
+                   basis=estimate.basis_text if estimate.runs else "")
+    out = pd.DataFrame(rows, columns=["arm", "runs", "state", metric, "low", "high", "ratio", "ratio_low",
+                                      "ratio_high", "basis", "overlapped_by", "foreign_cpu"])
+    return Comparison(out, _bars(out, metric, base, table, estimates), estimates)
 
 
 def _short(text: str, width: int = 24) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir=None) -> Comparison:
-    """Compare `metric` (a runs_table column) across runs; ratio = value / baseline's value."""
-    table = runs_table(load_runs(runs, runs_dir))
-    if metric not in table:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {list(METRICS)}")
-    table[metric] = pd.to_numeric(table[metric], errors="coerce")
-    base = _baseline_index(table, metric, baseline)
-    table["ratio"] = table[metric] / table.loc[base, metric] if base is not None else float("nan")
-    table = table[["run_id", "name", "state", metric, "ratio", "overlapped_by", "foreign_cpu"]]
-    plotted = table[table[metric].notna()]
-    notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table[table[metric].isna()].itertuples()]
+def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estimates: dict) -> Figure:
+    plotted = out[out[metric].notna()]
+    notes = [f"run(s) {r.runs}: {r.state}, no {metric}" for r in out[out[metric].isna()].itertuples()]
     notes += overlap_notes({r.run_id: r.overlapped_by.split(", ") for r in table.itertuples() if r.overlapped_by})
     notes += foreign_notes(dict(zip(table["run_id"], table["foreign_cpu"])))
     if plotted.empty:
-        return Comparison(table, message_figure(notes or ["no runs to compare"], title=metric))
-    figure, axes = new_figure(size=(max(5, 1.1 * len(plotted) + 2), 4))
+        return message_figure(notes or ["no runs to compare"], title=metric)
+    notes.append("bars: median of the settled steps; whiskers and [brackets]: 95 % intervals" if metric in STEP_METRICS
+                 else "whiskers and [brackets]: 95 % intervals over the runs of each arm")
+    figure, axes = new_figure(size=(max(5, 1.3 * len(plotted) + 2), 4))
     ax = axes[0, 0]
-    labels = ["\n".join([str(r.run_id)] + [_short(v) for v in (r.name, r.state) if isinstance(v, str) and v != "completed"])
-              for r in plotted.itertuples()]
-    colors = ["tab:blue" if i != base else "tab:gray" for i in plotted.index]
-    bars = ax.bar(labels, plotted[metric], color=colors,
+    labels = [_short(str(r.arm)) + ("" if r.state == "completed" else f"\n{_short(r.state)}") for r in plotted.itertuples()]
+    low = (plotted[metric] - plotted["low"]).clip(lower=0).fillna(0)
+    high = (plotted["high"] - plotted[metric]).clip(lower=0).fillna(0)
+    colors = ["tab:gray" if r.arm == base else "tab:blue" for r in plotted.itertuples()]
+    bars = ax.bar(labels, plotted[metric], yerr=[low, high], capsize=4, color=colors,
                   hatch=["//" if r.overlapped_by or busy(r.foreign_cpu) else "" for r in plotted.itertuples()])
-    ax.bar_label(bars, labels=[f"×{v:.2f}" for v in plotted["ratio"]], fontsize=8)
-    ax.set(ylabel=metric, title=f"{metric} (ratio to run {table.loc[base, 'run_id']})")
+    ax.bar_label(bars, labels=[estimates[r.arm].text() if r.arm != base else "baseline" for r in plotted.itertuples()],
+                 fontsize=8, padding=2)
+    ax.set(ylabel=metric, title=f"{metric} (ratio to {base}, 95 % interval)")
     ax.tick_params(axis="x", labelsize=8)
     add_notes(figure, notes)
-    return Comparison(table, figure)
+    return figure

@@ -12,10 +12,9 @@ from pathlib import Path
 from dlokit.analysis.profiler import profiler_steps, read_trace, span_names, trace_files
 from dlokit.analysis.table import as_number
 
-from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import (compare_text, device_type, factor_words, hardware_words, load_baseline, load_completed,
-                      load_with_optional_baseline,
-                      memory_key, observed, on_gpu, ratio)
+from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .records import (arms_by, compare_text, device_type, effect_part, hardware_words, load_completed,
+                      memory_key, observed, on_gpu)
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -77,46 +76,18 @@ def on_device(job_ids):
                   "on a GPU node they land on cuda)", details)
 
 
-def _effect_part(name, runs, base, *, expect, cpu_why, gpu_failure=None, memory=True):
-    """The measured effect of an optimisation against a baseline, as one part.
-
-    `expect` says what the lesson predicts on a GPU ("faster than NCHW"). GPU runs: passed when some
-    run got faster (or lighter, with memory=True); otherwise failed with `gpu_failure` when given, else
-    info. CPU-only runs: not applicable, `cpu_why` and the numbers.
-    """
-    if base is None or not runs:
-        return None
-    lines, better = [], False
-    for run in runs:
-        speed = ratio(run, base, "throughput_compute")
-        words = [factor_words(speed, "compute throughput")]
-        better |= speed is not None and speed > 1
-        if memory:
-            lighter = ratio(run, base, memory_key(run))
-            words.append(factor_words(lighter, "peak memory", higher_is_better=False))
-            better |= lighter is not None and lighter < 1
-        lines.append(f"run {run.run_id} vs {base.run_id}: " + ", ".join(words))
-    measured = "; ".join(lines)
-    if not any(on_gpu(r) for r in runs):
-        return part(name, NOT_APPLICABLE, f"{cpu_why}; measured {measured}")
-    if better:
-        return part(name, PASSED, f"{expect}: {measured}")
-    if gpu_failure:
-        return part(name, FAILED, f"{gpu_failure} (measured {measured})")
-    return part(name, INFO, f"the lesson expects {expect} on a GPU, measured {measured} (small models and "
-                "batches gain little)")
-
-
 @check("TP1.2 mixed precision")
-def amp(baseline_id, amp_ids):
-    """AMP runs computed their logits in 16 bits (fp16 with a GradScaler); on a GPU, faster or lighter
-    than the fp32 baseline. On a CPU-only run the speed part is not applicable."""
-    base, problem = load_baseline(baseline_id)
+def amp(baseline_ids, amp_ids):
+    """AMP runs computed their logits in 16 bits (fp16 with a GradScaler); on a GPU, faster than the fp32
+    baseline as dlokit.lessons judges it (runs of one --amp mode, repeated, form one arm; so do the baseline's).
+    On a CPU-only run the speed part is not applicable."""
+    bases, problem = _baselines(baseline_ids)
     if problem:
         return problem
     runs, problem = load_completed(amp_ids)
     if problem:
         return problem
+    base = bases[0]
     details, problems = [], []
     for run in runs:
         wanted = AMP_DTYPES.get(run.config.get("amp"))
@@ -139,23 +110,29 @@ def amp(baseline_id, amp_ids):
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, f"the forward pass and the loss ran under autocast ({', '.join(dtypes)})"
         + (", float16 with a GradScaler" if "float16" in dtypes else ""))
-    effect = _effect_part(
-        "speed and memory", runs, base, expect="faster or lighter steps than fp32",
-        cpu_why="CPU autocast computes bfloat16 without tensor cores (and converts to and from fp32 around "
-                "each operator), so 16 bits need not be faster or lighter than fp32 here",
-        gpu_failure="the dtype is right but nothing got faster or smaller than the fp32 baseline: is the batch "
-                    "big enough to keep the tensor cores busy?")
+    effect = effect_part("speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(on_gpu(r) for r in runs),
+                         what="{label} against fp32", gpu_failure="the dtype is right but the step did not get faster "
+                         "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
     return from_parts([code, effect], "16-bit compute observed" + (
-        "" if effect is None or effect.status != PASSED else ", and the step got faster or lighter"), details)
+        "" if effect is None or effect.status != PASSED else ", and the step got faster"), details)
+
+
+def _baselines(baseline_ids):
+    """The baseline's completed runs (one id, or the repeats of one command), or a failed result."""
+    runs, problem = load_completed(baseline_ids)
+    if problem:
+        return runs, failed(f"baseline: {problem.message}", problem.details)
+    return runs, None
 
 
 @check("TF32 tensor cores")
-def tf32(baseline_id, tf32_ids):
+def tf32(baseline_ids, tf32_ids):
     """fp32 runs with TF32 allowed (observed torch flags); on a GPU, faster than the strict fp32 baseline.
     TF32 exists only on NVIDIA tensor cores (Ampere and later): not applicable on a CPU-only run."""
-    base, problem = load_baseline(baseline_id)
+    bases, problem = _baselines(baseline_ids)
     if problem:
         return problem
+    base = bases[0]
     runs, problem = load_completed(tf32_ids)
     if problem:
         return problem
@@ -163,27 +140,27 @@ def tf32(baseline_id, tf32_ids):
                f"{compare_text('compute throughput', r, base, 'throughput_compute', 'img/s')}" for r in runs]
     gpu_runs = [r for r in runs if on_gpu(r)]
     if not gpu_runs:
-        speeds = ", ".join(factor_words(ratio(r, base, "throughput_compute"), "compute throughput") for r in runs)
         return not_applicable("TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 "
-                              f"in fp32 whatever the flag says (measured {speeds})", details)
+                              "in fp32 whatever the flag says", details)
     problems = [f"run {r.run_id} was not started with --tf32" if not r.config.get("tf32") else
                 f"run {r.run_id} asked for --tf32 but fp32 matmuls and convolutions were not allowed TF32 (see "
                 "set_tf32 in the script)" for r in gpu_runs if not observed(r).get("tf32")]
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "TF32 was allowed for fp32 matmuls and convolutions")
-    effect = _effect_part("speed", gpu_runs, base, memory=False, expect="faster steps than strict fp32",
-                          cpu_why="no tensor cores")
+    effect = effect_part("speed", "tf32", bases, {"tf32": gpu_runs}, on_gpu_run=True, what="TF32 against strict fp32")
     return from_parts([code, effect], "TF32 allowed" + (", and fp32 got faster" if effect and effect.status == PASSED
                                                          else ""), details)
 
 
 @check("TP1.3 channels_last")
 def channels_last(job_ids, baseline_id=None):
-    """Weights and images in NHWC (observed); with a baseline, the speed effect (GPU tensor cores;
-    not applicable on a CPU-only run)."""
-    runs, base, problem = load_with_optional_baseline(job_ids, baseline_id)
+    """Weights and images in NHWC (observed); with a baseline (one id or the repeats of one command), the speed
+    effect as dlokit.lessons judges it (GPU tensor cores; not applicable on a CPU-only run)."""
+    runs, problem = load_completed(job_ids)
     if problem:
         return problem
+    bases = _baselines(baseline_id)[0] if baseline_id is not None else []
+    base = bases[0] if bases else None
     details, problems = [], []
     for run in runs:
         seen = observed(run)
@@ -201,10 +178,8 @@ def channels_last(job_ids, baseline_id=None):
                             "images.contiguous(memory_format=torch.channels_last) (TODO TP1.3)")
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "weights and images were in channels_last (NHWC) layout")
-    effect = _effect_part(
-        "speed", runs, base, memory=False, expect="faster steps than NCHW",
-        cpu_why="channels_last pays off on GPU tensor-core convolutions (cuDNN's NHWC kernels); a CPU's "
-                "convolutions gain little or lose from it")
+    effect = effect_part("speed", "channels_last", bases, {"channels_last": runs}, on_gpu_run=any(on_gpu(r) for r in runs),
+                         what="channels_last against NCHW")
     return from_parts([code, effect], "weights and images were in channels_last (NHWC) layout", details)
 
 

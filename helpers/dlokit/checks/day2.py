@@ -4,29 +4,27 @@ from __future__ import annotations
 
 import math
 
-from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import (compare_text, factor_words, hardware_words, load_baseline, load_completed,
-                      load_with_optional_baseline, observed, on_gpu,
-                      ratio)
+from .framework import FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .records import compare_text, effect_part, hardware_words, load_completed, observed, on_gpu
 
 BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
 
 
 @check("TP2.1 DataLoader tuned")
-def dataloader(baseline_id, tuned_id):
+def dataloader(baseline_ids, tuned_ids):
     """The tuned run's DataLoader really used the options it was given (workers, prefetching, persistent
-    workers, non_blocking copies; pinned batches on a GPU), and on a GPU the load time per step dropped.
+    workers, non_blocking copies; pinned batches on a GPU), and the time the loop waits for each batch dropped
+    (dlokit.lessons judges it from the step lines; each side one id or the repeats of one command).
 
-    On a CPU-only machine pinning is not applicable (PyTorch turns pin_memory off without an accelerator)
-    and neither is the speed part (the workers take their cores from the training itself).
+    On a CPU-only machine pinning is not applicable (PyTorch turns pin_memory off without an accelerator).
     """
-    base, problem = load_baseline(baseline_id)
+    bases, problem = load_completed(baseline_ids)
+    if problem:
+        return failed(f"baseline: {problem.message}", problem.details)
+    runs, problem = load_completed(tuned_ids)
     if problem:
         return problem
-    runs, problem = load_completed(tuned_id)
-    if problem:
-        return problem
-    run = runs[-1]
+    run, base = runs[-1], bases[0]
     seen, config, gpu = observed(run), run.config, on_gpu(run)
     details = [f"run {run.run_id}: workers {seen.get('loader_num_workers')}, pin_memory {seen.get('loader_pin_memory')}"
                f" (batch pinned: {seen.get('batch_pinned')}), prefetch {seen.get('loader_prefetch_factor')}, "
@@ -55,21 +53,12 @@ def dataloader(baseline_id, tuned_id):
         pinning = part("pinned memory", NOT_APPLICABLE,
                        "page-locked batches speed up copies to a GPU, and there is none: PyTorch leaves pin_memory "
                        f"off without an accelerator (observed: loader pin_memory {seen.get('loader_pin_memory')})")
-    factor = ratio(run, base, "t_data")
-    measured = factor_words(factor, "load time per step", higher_is_better=False)
-    if not gpu:
-        speed = part("speed", NOT_APPLICABLE,
-                     f"on {hardware_words(run)} the loader workers take their cores from the training itself, "
-                     f"while the lesson's workers use cores a GPU leaves idle; measured {measured}")
-    elif factor is None:
-        speed = part("speed", INFO, "load time per step not measured")
-    elif factor < 1:
-        speed = part("speed", PASSED, f"loading got faster than run {base.run_id}: {measured}")
-    else:
-        speed = part("speed", FAILED, f"the options are in effect but loading did not get faster than run "
-                     f"{base.run_id} ({measured}); try more workers or a larger prefetch factor")
+    speed = effect_part("speed", "dataloader", bases, {"tuned": runs}, on_gpu_run=gpu,
+                        what="the tuned loader against every option off", gpu_failure=(
+                            f"the options are in effect but the loop did not wait less for its batches than in run "
+                            f"{base.run_id}; try more workers or a larger prefetch factor"))
     return from_parts([code, pinning, speed], "the loader options are in effect" + (
-        " and the load time per step dropped" if speed.status == PASSED else ""), details)
+        " and the wait for each batch dropped" if speed is not None and speed.status == PASSED else ""), details)
 
 
 @check("TP2.2 data parallelism")
@@ -148,9 +137,11 @@ def augmentation(job_ids, baseline_id=None):
     per-image transform (observed `augment`). At least one run must use mixup or cutmix. With a
     baseline, the throughput against it (not applicable on a CPU-only run, where the device and the
     loader workers share the same cores)."""
-    runs, base, problem = load_with_optional_baseline(job_ids, baseline_id)
+    runs, problem = load_completed(job_ids)
     if problem:
         return problem
+    bases = load_completed(baseline_id)[0] if baseline_id is not None else []
+    base = bases[0] if bases else None
     details, problems = [], []
     for run in runs:
         seen, asked = observed(run), _asked_augmentations(run)
@@ -178,17 +169,11 @@ def augmentation(job_ids, baseline_id=None):
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "each run did the augmentation it asked for; mixup/cutmix mixed whole batches on the "
         "training device")
-    speed = None
-    if base is not None:
-        factors = [ratio(r, base, "throughput_train") for r in runs]
-        measured = ", ".join(factor_words(f, "throughput") for f in factors)
-        if not any(on_gpu(r) for r in runs):
-            speed = part("speed", NOT_APPLICABLE, "batch augmentation on a GPU costs little next to the training "
-                         f"step; on a CPU-only run the device is the same cores (measured {measured})")
-        elif any(f is not None and f > 1 for f in factors):
-            speed = part("speed", PASSED, f"higher throughput than run {base.run_id}: {measured}")
-        else:
-            speed = part("speed", INFO, f"measured {measured} against run {base.run_id} (augmentation is not free; "
-                         "on the device it should cost little)")
+    # the lesson compares batched mixing on the device with per-image RandAugment in the workers
+    per_image = [r for r in runs if "randaugment" in _asked_augmentations(r)] or bases
+    arms = {a: [r for r in runs if a in _asked_augmentations(r)] for a in BATCH_AUGMENTATIONS}
+    speed = effect_part("speed", "augment_on_device", per_image, {a: rs for a, rs in arms.items() if rs},
+                        on_gpu_run=any(on_gpu(r) for r in runs),
+                        what="{label} against " + ("RandAugment" if per_image is not bases else "no augmentation"))
     return from_parts([code, speed], "each run did the augmentation it asked for; mixup/cutmix mixed whole batches "
                       "on the training device", details)

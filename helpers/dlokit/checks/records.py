@@ -153,3 +153,37 @@ def factor_words(factor, what, higher_is_better=True) -> str:
         return f"{what} not measured"
     better = factor > 1 if higher_is_better else factor < 1
     return f"×{factor:.2f} {what} ({'better, as the lesson predicts' if better else 'no gain, unlike the lesson'})"
+
+
+def arms_by(runs, key: str) -> dict[str, list]:
+    """Completed runs grouped by a config value (repeats of one command form one arm), in order of appearance."""
+    arms: dict[str, list] = {}
+    for run in runs:
+        arms.setdefault(str(run.config.get(key)), []).append(run)
+    return arms
+
+
+def effect_part(name: str, effect: str, base_runs, arms: dict, *, on_gpu_run: bool, gpu_failure: str | None = None,
+                what: str = "{label}"):
+    """The measured effect of an optimisation, as one part, judged by dlokit.lessons exactly as the notebook's
+    verdict cell judges it: the interval agrees (✅), contradicts (❌ on a GPU when `gpu_failure` says what to
+    try, else ℹ️), is within noise (ℹ️), or the lesson needs hardware these runs did not have (➖)."""
+    from dlokit import lessons
+    from dlokit.analysis import stats
+
+    from .framework import FAILED, INFO, NOT_APPLICABLE, PASSED, part
+
+    if not base_runs or not arms:
+        return None
+    verdicts = [lessons.verdict_of(effect, stats.ratio(base_runs, runs, lessons.LESSONS[effect].metric), on_gpu_run,
+                                   what.format(label=label)) for label, runs in arms.items()]
+    measured = "; ".join(f"{v.what}: {v.measured_text}" + ("" if v.outcome == lessons.NOT_APPLICABLE else f" — {v.outcome}")
+                         for v in verdicts)
+    outcomes = {v.outcome for v in verdicts}
+    if outcomes == {lessons.NOT_APPLICABLE}:
+        return part(name, NOT_APPLICABLE, f"{lessons.LESSONS[effect].gpu_only}; measured {measured}")
+    if lessons.AGREES in outcomes:
+        return part(name, PASSED, f"{lessons.LESSONS[effect].expectation}, as measured: {measured}")
+    if lessons.CONTRADICTS in outcomes and gpu_failure and on_gpu_run:
+        return part(name, FAILED, f"{gpu_failure} (measured {measured})")
+    return part(name, INFO, f"the lesson: {lessons.LESSONS[effect].expectation}; measured {measured}")

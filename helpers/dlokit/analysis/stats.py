@@ -1,0 +1,213 @@
+"""How sure is a measurement? Per-step samples, a warm-up read from the data, and intervals.
+
+    est = estimate([run_a1, run_a2], "throughput_train")   # Estimate: value, low, high, runs, steps
+    r = ratio([a1, a2], [b1, b2], "throughput_train")        # b / a with its 95 % interval
+    r.outcome(expects_gain=True)                              # "agrees", "contradicts" or "within noise"
+
+A run's value is the median of its settled steps (a stray slow step moves it little). Where the runs vary
+is the question an interval must answer:
+
+* **several runs of each command** (the kit alternates them, A B A B, so that drift hits both): the run is
+  the unit. Six runs of one command, alone on a 2-core machine, ranged over 20 % while each run's steps
+  agreed within a few per cent: an interval built from the steps of one run each called two of them
+  ×0.94 [0.90–0.98] apart. The interval is Student's t-interval on the log of the runs' values
+  (scipy.stats.ttest_ind), the two arms' spreads pooled (it is the machine that varies, alike for both
+  commands), turned back into a ratio: honest with few runs, and wide when they disagree.
+* **one run of each**: only the steps are there; the interval is a bootstrap of the ratio of the two
+  medians (scipy.stats.bootstrap) and says so: it leaves out how much a second run would differ.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 20261125  # the same records always give the same interval
+SETTLED_WITHIN = 0.05  # a step within 5 % of the steady step time has warmed up
+AGREES, CONTRADICTS, WITHIN_NOISE = "agrees", "contradicts", "within noise"
+RUNS, STEPS = "runs", "steps"  # what an interval rests on
+
+
+def warmup_steps(times) -> int:
+    """How many leading steps to leave out: those before the first step whose time lies in the settled band,
+    the median of the second half ± max(3 robust standard deviations, SETTLED_WITHIN of it). At least one
+    (the first step pays for allocations and caches), at most half. Later slow steps stay in: they are the
+    machine's noise, not a warm-up."""
+    x = np.asarray(times, dtype=float)
+    n = len(x)
+    if n < 3:
+        return min(1, max(n - 1, 0))
+    tail = x[n // 2:]
+    level = float(np.median(tail))
+    band = max(3 * 1.4826 * float(np.median(np.abs(tail - level))), SETTLED_WITHIN * level)
+    settled = np.flatnonzero(np.abs(x[1:n // 2 + 1] - level) <= band)
+    return 1 + int(settled[0]) if len(settled) else n // 2
+
+
+def step_table(run) -> pd.DataFrame:
+    """The step lines of the run's first rank that time a step: on a GPU, the breakdown steps (synchronised)
+    and the step after each (its period lost the overlap) are left out, as in the summary's means."""
+    steps = run.steps
+    if steps.empty or "step" not in steps:
+        return steps
+    steps = steps.sort_values("step").drop_duplicates("step", keep="last").reset_index(drop=True)
+    if "t_period" in steps and steps["t_period"].notna().any() and "breakdown" in steps:
+        breakdown = steps["breakdown"].fillna(False).astype(bool)
+        steps = steps[~breakdown & ~breakdown.shift(1, fill_value=False)]
+    return steps.reset_index(drop=True)
+
+
+def _column(steps: pd.DataFrame, metric: str) -> np.ndarray:
+    if metric in steps:
+        return pd.to_numeric(steps[metric], errors="coerce").to_numpy(dtype=float)
+    return np.full(len(steps), np.nan)
+
+
+def step_values(run, metric: str = "throughput_train") -> np.ndarray:
+    """The run's per-step values of `metric` after its warm-up (found in the step times themselves)."""
+    steps = step_table(run)
+    if steps.empty:
+        return np.array([])
+    values = _column(steps, metric)
+    timing = _column(steps, "t_period") if "t_period" in steps and steps["t_period"].notna().any() else \
+        _column(steps, "t_step") + np.nan_to_num(_column(steps, "t_data"))
+    usable = np.isfinite(values) & np.isfinite(timing)
+    values, timing = values[usable], timing[usable]
+    return values[warmup_steps(timing):]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A value with its interval at `confidence`, and what the interval rests on (`basis`: RUNS or STEPS)."""
+
+    value: float
+    low: float
+    high: float
+    runs: int          # runs in the smaller arm
+    steps: int         # settled steps in the smaller arm
+    basis: str = STEPS
+    confidence: float = CONFIDENCE
+
+    @property
+    def usable(self) -> bool:
+        return all(math.isfinite(v) for v in (self.value, self.low, self.high))
+
+    def outcome(self, expects_gain: bool) -> str:
+        """For a ratio: the interval lies on the side of 1 the lesson predicts (agrees), on the other
+        (contradicts), or across 1 (within noise)."""
+        if not self.usable:
+            return WITHIN_NOISE
+        if self.low > 1:
+            return AGREES if expects_gain else CONTRADICTS
+        if self.high < 1:
+            return CONTRADICTS if expects_gain else AGREES
+        return WITHIN_NOISE
+
+    @property
+    def basis_text(self) -> str:
+        if self.basis == RUNS:
+            return f"{self.runs} runs each"
+        return f"1 run each, {self.steps} steps: a second run may differ more"
+
+    def text(self, unit: str = "×") -> str:
+        """'×1.30 [1.25–1.36]' for a ratio, '52.1 [50.3–53.8] img/s' for a value."""
+        if not self.usable:
+            return "n/a" if not math.isfinite(self.value) else (f"×{self.value:.2f}" if unit == "×" else
+                                                                  f"{self.value:.4g} {unit}")
+        if unit == "×":
+            return f"×{self.value:.2f} [{self.low:.2f}–{self.high:.2f}]"
+        return f"{self.value:.4g} [{self.low:.4g}–{self.high:.4g}] {unit}".rstrip()
+
+    def long_text(self, unit: str = "×") -> str:
+        return f"{self.text(unit)} ({100 * self.confidence:.0f} % interval, {self.basis_text})"
+
+
+NO_ESTIMATE = Estimate(math.nan, math.nan, math.nan, 0, 0)
+
+
+def _arm(runs, metric: str) -> list[np.ndarray]:
+    return [s for s in (step_values(run, metric) for run in _as_list(runs)) if len(s)]
+
+
+def _as_list(runs) -> list:
+    return list(runs) if isinstance(runs, (list, tuple)) else [runs]
+
+
+def estimate(runs, metric: str = "throughput_train", confidence: float = CONFIDENCE) -> Estimate:
+    """The value of one command (one or several runs of it) with its interval."""
+    samples = _arm(runs, metric)
+    return estimate_of_samples(samples, confidence)
+
+
+def estimate_of_samples(samples: list, confidence: float = CONFIDENCE) -> Estimate:
+    """From raw values: one array per run (its steps). Several runs: a t-interval over the runs' medians;
+    one run: a bootstrap of its median."""
+    samples = [np.asarray(s, dtype=float) for s in samples if len(s)]
+    if not samples:
+        return NO_ESTIMATE
+    n_steps = sum(len(s) for s in samples)
+    if len(samples) >= 2:
+        medians = np.array([np.median(s) for s in samples])
+        mean, sem = float(medians.mean()), float(stats.sem(medians))
+        low, high = (mean, mean) if sem == 0 else stats.t.interval(confidence, len(medians) - 1, loc=mean, scale=sem)
+        return Estimate(mean, float(low), float(high), len(samples), n_steps, RUNS, confidence)
+    steps = samples[0]
+    if len(steps) < 2 or np.ptp(steps) == 0:
+        value = float(np.median(steps))
+        return Estimate(value, value, value, 1, len(steps), STEPS, confidence)
+    result = stats.bootstrap((steps,), np.median, confidence_level=confidence, n_resamples=RESAMPLES,
+                             method="percentile", rng=np.random.default_rng(SEED))
+    ci = result.confidence_interval
+    return Estimate(float(np.median(steps)), float(ci.low), float(ci.high), 1, len(steps), STEPS, confidence)
+
+
+def ratio(base_runs, other_runs, metric: str = "throughput_train", confidence: float = CONFIDENCE) -> Estimate:
+    """other / base for `metric` (runs of two commands), with its interval."""
+    return ratio_of_samples(_arm(base_runs, metric), _arm(other_runs, metric), confidence)
+
+
+def _median_ratio(base, other, axis=-1):
+    return np.median(other, axis=axis) / np.median(base, axis=axis)
+
+
+def ratio_of_samples(base: list, other: list, confidence: float = CONFIDENCE) -> Estimate:
+    """other / base from raw values: one array per run (its steps), a list of runs per arm. Both arms with
+    several runs: Student's t-interval (pooled spread) on the log of the runs' medians; otherwise a
+    bootstrap of the ratio of the medians of all steps (the steps of one run each)."""
+    base = [np.asarray(s, dtype=float) for s in base if len(s)]
+    other = [np.asarray(s, dtype=float) for s in other if len(s)]
+    if not base or not other:
+        return NO_ESTIMATE
+    runs = min(len(base), len(other))
+    n_steps = min(sum(len(s) for s in base), sum(len(s) for s in other))
+    if runs >= 2:
+        log_base = np.log([np.median(s) for s in base])
+        log_other = np.log([np.median(s) for s in other])
+        value = float(np.exp(log_other.mean() - log_base.mean()))
+        if np.ptp(log_base) == 0 and np.ptp(log_other) == 0:
+            return Estimate(value, value, value, runs, n_steps, RUNS, confidence)
+        test = stats.ttest_ind(log_other, log_base, equal_var=True)
+        ci = test.confidence_interval(confidence)
+        return Estimate(value, float(np.exp(ci.low)), float(np.exp(ci.high)), runs, n_steps, RUNS, confidence)
+    base_steps, other_steps = np.concatenate(base), np.concatenate(other)
+    value = float(_median_ratio(base_steps, other_steps))
+    if len(base_steps) < 2 or len(other_steps) < 2:
+        return Estimate(value, math.nan, math.nan, 1, n_steps, STEPS, confidence)
+    result = stats.bootstrap((base_steps, other_steps), _median_ratio, confidence_level=confidence,
+                             n_resamples=RESAMPLES, method="percentile", vectorized=True,
+                             rng=np.random.default_rng(SEED))
+    ci = result.confidence_interval
+    return Estimate(value, float(ci.low), float(ci.high), 1, n_steps, STEPS, confidence)
+
+
+def proportion(hits: int, total: int, confidence: float = CONFIDENCE) -> Estimate:
+    """An accuracy over `total` examples with its Wilson interval (scipy.stats.binomtest)."""
+    if not total:
+        return NO_ESTIMATE
+    ci = stats.binomtest(int(round(hits)), int(total)).proportion_ci(confidence, method="wilson")
+    return Estimate(hits / total, float(ci.low), float(ci.high), 1, int(total), STEPS, confidence)

@@ -1,0 +1,82 @@
+"""Intervals and verdicts (dlokit.analysis.stats, dlokit.lessons) on synthetic step times: a clear gain agrees,
+a clear loss contradicts, overlapping noise is within noise, and the verdict text never says more than its
+interval. No job runs here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlokit import lessons
+from dlokit.analysis import stats
+
+RNG = np.random.default_rng(7)
+
+
+def steps(level, n=12, spread=0.02):
+    """Per-step throughputs around `level` with a relative spread."""
+    return level * (1 + spread * RNG.standard_normal(n))
+
+
+def runs(level, count, between=0.05, n=12):
+    """`count` runs of one command: each run's pace is off by a run-to-run factor, its steps vary around it."""
+    return [steps(level * (1 + between * RNG.standard_normal()), n) for _ in range(count)]
+
+
+def test_warmup_is_read_from_the_step_times():
+    assert stats.warmup_steps([0.47, 0.35, 0.34, 0.32, 0.29, 0.29, 0.31, 0.29, 0.27, 0.28]) == 3  # 0.32 is within the band
+    assert stats.warmup_steps([0.41, 0.30, 0.31, 0.30, 0.30, 0.29, 0.31, 0.31, 0.29, 0.33]) == 1  # only the first
+    assert stats.warmup_steps([0.9, 0.8, 0.7, 0.6, 0.5, 0.3, 0.3, 0.3, 0.3, 0.3]) == 5  # never more than half
+    assert stats.warmup_steps([0.3]) == 0 and stats.warmup_steps([0.5, 0.3]) == 1
+
+
+@pytest.mark.parametrize("repeats", [1, 2, 3])
+def test_a_clear_gain_agrees_a_clear_loss_contradicts_overlapping_noise_is_within_noise(repeats):
+    base = runs(100, repeats)
+    faster, slower, same = runs(150, repeats), runs(60, repeats), runs(100, repeats, between=0.0)
+    gain = stats.ratio_of_samples(base, faster)
+    assert gain.low > 1 and gain.outcome(expects_gain=True) == stats.AGREES
+    assert gain.outcome(expects_gain=False) == stats.CONTRADICTS  # a lesson that predicts a cost
+    loss = stats.ratio_of_samples(base, slower)
+    assert loss.high < 1 and loss.outcome(expects_gain=True) == stats.CONTRADICTS
+    # the same level in both arms: runs that differ by a few per cent are not an effect
+    noise = stats.ratio_of_samples(runs(100, 3, between=0.08), runs(100, 3, between=0.08))
+    assert noise.low < 1 < noise.high and noise.outcome(expects_gain=True) == stats.WITHIN_NOISE
+    assert gain.basis == (stats.RUNS if repeats > 1 else stats.STEPS)
+
+
+def test_the_run_is_the_unit_when_commands_were_repeated():
+    """Two runs of ONE command whose paces differ by 8 %: steps alone would call that an effect; the runs do not."""
+    one, other = [steps(100, 20, 0.01)], [steps(92, 20, 0.01)]
+    single = stats.ratio_of_samples(one, other)
+    assert single.basis == stats.STEPS and single.high < 1  # the step-only interval excludes 1...
+    assert "a second run may differ more" in single.long_text()  # ...and says what it leaves out
+    repeated = stats.ratio_of_samples(one + [steps(93, 20, 0.01)], other + [steps(101, 20, 0.01)])
+    assert repeated.basis == stats.RUNS and repeated.low < 1 < repeated.high
+    assert "2 runs each" in repeated.long_text()
+
+
+def test_estimates_and_accuracy_intervals():
+    one = stats.estimate_of_samples([steps(50, 30, 0.02)])
+    assert one.low < one.value < one.high and abs(one.value - 50) < 2
+    several = stats.estimate_of_samples([steps(50), steps(52), steps(49)])
+    assert several.runs == 3 and several.low < 50.3 < several.high
+    acc = stats.proportion(45, 100)
+    assert acc.value == 0.45 and 0.35 < acc.low < 0.45 < acc.high < 0.56
+    assert not stats.NO_ESTIMATE.usable and stats.ratio_of_samples([], [steps(1)]) is stats.NO_ESTIMATE
+
+
+def test_verdict_text_follows_its_interval():
+    gain = stats.ratio_of_samples(runs(100, 2), runs(170, 2))
+    v = lessons.verdict_of("ddp", gain, on_gpu=False, what="2 ranks against 1")
+    assert v.outcome == lessons.AGREES
+    assert "interval lies above 1: this measurement agrees" in v.text and gain.text() in v.text
+    flat = stats.ratio_of_samples(runs(100, 3, between=0.08), runs(100, 3, between=0.08))
+    v = lessons.verdict_of("find_unused", flat, on_gpu=False, what="find_unused_parameters")
+    assert v.outcome == lessons.WITHIN_NOISE and "agrees" not in v.text and "contains 1" in v.text
+    # a lesson about tensor cores on a CPU-only run: not applicable, whatever the ratio says
+    v = lessons.verdict_of("amp", stats.ratio_of_samples(runs(100, 2), runs(130, 2)), on_gpu=False, what="bf16")
+    assert v.outcome == lessons.NOT_APPLICABLE and "agrees" not in v.text
+    assert "Not applicable on this hardware" in v.text and "tensor cores" in v.text
+    assert v.estimate.text() in v.text  # the number is still shown, with its interval
+    v = lessons.verdict_of("gpu_vs_cpu", stats.NO_ESTIMATE, on_gpu=True, what="GPU")
+    assert v.outcome == lessons.NO_MEASUREMENT and "no measurement" in v.text
