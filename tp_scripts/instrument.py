@@ -28,6 +28,7 @@ it is not part of any TP, you do not need to edit it.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -57,6 +58,8 @@ WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note i
 ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
 LEAVE_GRACE_S = 1.0      # then the others give its process that long to end before they exit too
 CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
+FROZEN_S = 15.0          # another rank whose watch thread has not written for this long: its process is frozen
+STALL_S = 90.0           # no rank got a batch further for this long (first step done): the job is stuck
 # Test only (tests/test_train_image.py): a fake out-of-memory error after the forward pass of this step,
 # on the rank DLOKIT_TEST_OOM_RANK (every rank when unset). Never set it for a real run.
 TEST_OOM_AT_STEP, TEST_OOM_RANK = "DLOKIT_TEST_OOM_AT_STEP", "DLOKIT_TEST_OOM_RANK"
@@ -89,7 +92,10 @@ class Instrument:
         self._ending = threading.RLock()
         self._ended = False
         self._oom_at = _test_oom_step(rank)
+        self.progress, self.where, self.first_step_done = 0, "setting up", False  # what the watch thread publishes
         self._watch, self._signals = None, {}
+        # a rank stopped from outside (SIGABRT from the kit's launcher when it is stuck) prints where every thread was
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         self._watch = RankWatch(self) if dist.is_initialized() and world_size > 1 else None
         self._signals = install_cancel_handlers(self)
         self.on_signal = (CheckpointOnSignal(self, margin=1 + int(config.get("metric_step") or 1))
@@ -100,10 +106,18 @@ class Instrument:
     def start_step(self, step: int) -> None:
         """`step`: the number the step will have once done (global, from 1)."""
         self.step = step
+        self.tick(f"step {step}")
         self.clock.start(step)
+
+    def tick(self, where: str) -> None:
+        """The main thread got somewhere (a step, a validation batch, a collective): the other ranks' watch
+        threads see it, so that a rank stuck where it cannot reach the next collective is named, not waited for."""
+        self.progress += 1
+        self.where = where
 
     def split(self, name: str) -> None:
         self.clock.split(name)
+        self.tick(f"step {self.step}, after its {name} phase")
         if name == "forward" and self.step == self._oom_at:
             raise torch.OutOfMemoryError(f"CUDA out of memory. Injected at step {self.step} by {TEST_OOM_AT_STEP} "
                                          "(a test hook, not a real allocation failure)")
@@ -112,7 +126,7 @@ class Instrument:
         """Queue the step's metrics line; lines are written, in order, once their timing is known."""
         if metrics:
             self.last_metrics = metrics
-        self.steps_done = step
+        self.steps_done, self.first_step_done = step, True
         self.clock.stop({"epoch": epoch, "lr": lr, "batch_size": samples, **metrics})
         self._write(self.clock.ready())
 
@@ -331,6 +345,21 @@ class Instrument:
         abort_process_group(self.device)
         return code
 
+    def stuck(self, reason: str) -> None:
+        """Called by the watch thread: the job cannot go on (a rank frozen, or no rank getting anywhere while
+        they wait for each other). Records the cause, tells the other ranks, and ends this process."""
+        text = f"the job is stuck: {reason}"
+        print(f"train_classifier.py: rank {self.rank}: where its threads were when it found the job stuck:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        print(f"train_classifier.py: rank {self.rank}: {text}", file=sys.stderr, flush=True)
+        if self._claim_end():
+            self.record.log("event", event="stuck", reason=reason, step=self.step, where=self.where)
+            self.record.finish(status="failed", error=text, stuck=True, **self._early_summary())
+        tell_other_ranks(_store(), {"rank": self.rank, "status": "failed", "leaves": True,
+                                    "reason": f"found the job stuck ({reason})"}, wait_for=self.world_size)
+        leave_now(STOPPED_EXIT_CODE)
+
     def cancel(self, signum: int) -> None:
         """SIGTERM or SIGINT (a cancelled job, Ctrl-C): record status 'cancelled', tell the other ranks."""
         name = signal.Signals(signum).name
@@ -477,32 +506,94 @@ def acknowledge_stop_note(note: dict) -> None:
 
 
 class RankWatch:
-    """The thread that looks for another rank's stop note (never acts on anything else: a store that stops
-    answering at the end of a run is no reason to stop)."""
+    """The thread that keeps an eye on the other ranks through the process group's store, every WATCH_EVERY_S:
+
+    * another rank's stop note (it ran out of memory, was cancelled): this rank records it and leaves;
+    * this rank's heartbeat (a counter) and its main thread's progress (Instrument.tick), for the others;
+    * a rank whose heartbeat has not moved for FROZEN_S is frozen (its process no longer runs Python: a
+      deadlock, a stopped process): named, and every rank leaves instead of waiting in a collective until the
+      backend's timeout (300 s for gloo) and then the job's time limit;
+    * once the first step is done, no rank's main thread getting anywhere for STALL_S (they all wait: one
+      where it cannot reach the collective the others wait in) is a stuck job: named the same way.
+    Counters, not clocks, are compared: two nodes' clocks may disagree by seconds."""
 
     def __init__(self, ins):
         self.ins = ins
         self._quit = threading.Event()
+        self._beat = 0
+        now = time.monotonic()
+        # rank -> [beat, progress, where, when its beat last moved, when its progress last moved] (this clock)
+        self._seen = {rank: [None, None, "its start", now, now] for rank in range(ins.world_size) if rank != ins.rank}
+        self._own = [ins.progress, now]
         self._thread = threading.Thread(target=self._run, name="dlokit-rank-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._publish(_store())
+        except Exception:
+            pass
         while not self._quit.wait(WATCH_EVERY_S):
             store = _store()
             try:
-                if store is None or not store.check([_stop_key()]):
+                if store is None:
                     continue
-                note = json.loads(store.get(_stop_key()))
+                if store.check([_stop_key()]):
+                    note = json.loads(store.get(_stop_key()))
+                    if note.get("rank") != self.ins.rank and not self._quit.is_set():
+                        self.ins.stop_for(note, leave_now=True)
+                    return
+                self._publish(store)
+                reason = self._stuck(store)
             except Exception:
                 return  # the store is gone: the job is ending anyway
-            if note.get("rank") != self.ins.rank and not self._quit.is_set():
-                self.ins.stop_for(note, leave_now=True)
+            if reason and not self._quit.is_set():
+                self.ins.stuck(reason)
+                return
+
+    def _publish(self, store) -> None:
+        if store is None:
             return
+        self._beat += 1
+        store.set(f"{_watch_key()}/{self.ins.rank}", json.dumps(
+            {"beat": self._beat, "progress": self.ins.progress, "where": self.ins.where}))
+
+    def _stuck(self, store) -> str | None:
+        """Why the job cannot go on, or None."""
+        now = time.monotonic()
+        if self.ins.progress != self._own[0]:
+            self._own = [self.ins.progress, now]
+        frozen, idle = [], [now - self._own[1]]
+        for rank, seen in self._seen.items():
+            key = f"{_watch_key()}/{rank}"
+            if store.check([key]):
+                peer = json.loads(store.get(key))
+                if peer["beat"] != seen[0]:
+                    seen[0], seen[3] = peer["beat"], now
+                if peer["progress"] != seen[1]:
+                    seen[1], seen[4] = peer["progress"], now
+                seen[2] = peer["where"]
+            if now - seen[3] > FROZEN_S:
+                frozen.append(f"rank {rank} has not answered for {now - seen[3]:.0f} s (its process is frozen; "
+                              f"its last word: {seen[2]})")
+            idle.append(now - seen[4])
+        if frozen:
+            return "; ".join(frozen)
+        peers = sorted(self._seen)
+        if self.ins.first_step_done and min(idle) > STALL_S:
+            where = "; ".join([f"rank {self.ins.rank} in {self.ins.where}"] +
+                              [f"rank {r} in {self._seen[r][2]}" for r in peers])
+            return f"no rank got any further for {min(idle):.0f} s ({where})"
+        return None
 
     def stop(self, wait: bool = True) -> None:
         self._quit.set()
         if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * WATCH_EVERY_S)
+
+
+def _watch_key() -> str:
+    return f"dlokit/watch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def leave_now(code: int) -> None:

@@ -61,6 +61,7 @@ import optim_setup
 from lr_range_test import first_batches, log_spaced, lr_range_test, suggest_lr
 
 AMP_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+LOADER_TIMEOUT_S = 120  # seconds a DataLoader worker may take for one batch before the run stops with that cause
 
 
 def main(argv=None) -> int:
@@ -102,6 +103,7 @@ def main(argv=None) -> int:
         leave_now(ins.out_of_memory(error, batch_size=args.batch_size))
     except Exception as error:  # a collective broke because another rank stopped: record its cause, not ours
         leave_now(ins.stopped_by_other_rank(error))
+    ins.tick("the report (all-gather of the weights' checksums)")
     report(t, ins, start)
     stop_tracking(trackers)
     job.destroy_process_group()
@@ -207,12 +209,14 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     sampler = ResumableSampler(shard_sampler)
     # A last batch of one image would break BatchNorm ("expected more than 1 value per channel").
     drop_last = args.drop_last or len(shard_sampler) % args.batch_size == 1
+    # a worker that stops answering ends the run with that cause instead of hanging it
+    timeout = LOADER_TIMEOUT_S if loader_options.get("num_workers") else 0
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=drop_last,
-                              generator=torch.Generator().manual_seed(args.seed), **loader_options)
+                              generator=torch.Generator().manual_seed(args.seed), timeout=timeout, **loader_options)
     val_loader = None
     if val_set is not None and not args.test:
         my_share = Subset(val_set, range(rank, len(val_set), world_size))  # no padding: exact accuracy
-        val_loader = DataLoader(my_share, batch_size=args.batch_size, **loader_options)
+        val_loader = DataLoader(my_share, batch_size=args.batch_size, timeout=timeout, **loader_options)
     return Data(train_loader, sampler, shard_sampler, val_loader, len(classes), len(train_set), loader_options,
                 non_blocking, build_mixer(args, len(classes)))
 
@@ -464,6 +468,7 @@ def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
 
 def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: float) -> None:
     """The epoch's loss and accuracy over every image of every rank, then a validation pass."""
+    ins.tick(f"the end of epoch {epoch + 1} (all-reduce of its sums)")
     loss_sum, hits, images = sum_over_ranks(totals).tolist()
     seconds = time.perf_counter() - started
     t.epochs_done = epoch + 1
@@ -473,7 +478,7 @@ def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: floa
                 throughput_train=images / seconds)
         message += f" | train loss {loss_sum / images:.4f} acc {hits / images:.3f}"
     if t.data.val_loader is not None:
-        t.val = evaluate(t.raw_model, t.data.val_loader, t.criterion, t.amp_dtype, t.args.channels_last)
+        t.val = evaluate(t.raw_model, t.data.val_loader, t.criterion, t.amp_dtype, t.args.channels_last, ins.tick)
         t.best_val_acc = max(t.best_val_acc or 0.0, t.val["val_acc"])
         ins.log("val", epoch=epoch, step=t.step, **t.val)
         message += f" | val loss {t.val['val_loss']:.4f} acc {t.val['val_acc']:.3f} top5 {t.val['val_acc5']:.3f}"
@@ -481,11 +486,13 @@ def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: floa
 
 
 @torch.no_grad()  # no graph kept for backward: less memory, less time
-def evaluate(model, loader, criterion, amp_dtype, channels_last: bool) -> dict:
+def evaluate(model, loader, criterion, amp_dtype, channels_last: bool, tick=lambda where: None) -> dict:
     model.eval()
     device = next(model.parameters()).device  # wherever the weights are, the batches go too
     totals = torch.zeros(4, device=device)  # loss sum, top-1 hits, top-5 hits, images
-    for images, labels in loader:
+    tick("validation, waiting for its first batch")
+    for batch, (images, labels) in enumerate(loader, 1):
+        tick(f"validation batch {batch}")
         images, labels = images.to(device), labels.to(device)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
@@ -496,6 +503,7 @@ def evaluate(model, loader, criterion, amp_dtype, channels_last: bool) -> dict:
                                    (top5[:, 0] == labels).sum().float(),
                                    (top5 == labels[:, None]).any(dim=1).sum().float()])
         totals[3] += len(labels)
+    tick("validation (all-reduce of its sums)")
     loss, top1, top5, count = sum_over_ranks(totals).tolist()
     model.train()
     return {"val_loss": loss / max(count, 1), "val_acc": top1 / max(count, 1), "val_acc5": top5 / max(count, 1)}
@@ -504,6 +512,7 @@ def evaluate(model, loader, criterion, amp_dtype, channels_last: bool) -> dict:
 def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int) -> None:
     """Every rank hands its random state to rank 0, which writes the file."""
     ins.pause()  # between two steps: the step lines so far are written, the next step's pace leaves this out
+    ins.tick("a checkpoint (gathering the random states)")
     rng_states = gather_rng_states(t.device)
     if t.rank == 0:
         started = time.perf_counter()

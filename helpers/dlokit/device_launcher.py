@@ -14,6 +14,7 @@ script, whose RunRecorder records "cancelled"); whatever is left after GRACE_S i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -21,10 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from dlokit import jobenv, rank
 from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
+FAILED_TASK_GRACE_S = 10.0  # after a task failed, how long the others get to record why they stop
+REQUEUE_EXIT_CODE = 75  # a task that checkpointed on a signal (every rank leaves with it): not a failure
 AUTO_MEM_FRACTION = 0.8  # mem = "auto": this share of the memory available when the job starts
 
 
@@ -86,17 +91,51 @@ def _wait_for_devices(queue: DeviceQueue, waiting: Path) -> float:
     return time.time() - submitted
 
 
-def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str) -> int:
-    """Wait for the controller; after a cancel, kill what is still running past the grace period."""
+def _failed_task(folder: Path, pid: int) -> tuple[int, int] | None:
+    """(task, exit code) of a task of this job that has ended with an error, else None (each task writes
+    `<pid>_<task>_usage.json` as it ends, see dlokit.submit.ScriptTask)."""
+    for path in folder.glob(f"{pid}_*_usage.json"):
+        try:
+            usage = json.loads(path.read_text())
+            task, code = int(path.name.split("_")[1]), usage.get("returncode")
+        except (OSError, ValueError, IndexError, AttributeError):
+            continue
+        if isinstance(code, int) and code not in (0, REQUEUE_EXIT_CODE) and not usage.get("cancelled"):
+            return task, code
+    return None
+
+
+def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str, folder: Path) -> int:
+    """Wait for the controller; after a cancel, kill what is still running past the grace period. Once a task
+    has failed, the others get FAILED_TASK_GRACE_S to record why they stop, then whatever is left is killed, as
+    `srun --kill-on-bad-exit` does: a rank that waits for a failed one, or a rank stuck where it cannot reach
+    the next collective, would otherwise hold the job (and the machine) until its time limit."""
+    failed_since, killed = None, False
     while True:
         try:
             code = child.wait(timeout=0.5)
             break
         except subprocess.TimeoutExpired:
+            if killed:
+                continue
             if stop_by and time.time() > stop_by[0]:
                 print(f"{time.strftime('%H:%M:%S')} job {name}: tasks still running {GRACE_S:.0f} s after "
                       "the cancel: killed", flush=True)
                 _kill_group(child.pid)
+                killed = True
+                continue
+            failed = None if stop_by else _failed_task(folder, os.getpid())
+            if failed and failed_since is None:
+                failed_since = time.time()
+            elif failed and time.time() - failed_since > FAILED_TASK_GRACE_S:
+                task, exit_code = failed
+                print(f"{time.strftime('%H:%M:%S')} job {name}: task {task} failed (exit code {exit_code}); the "
+                      f"tasks still running {FAILED_TASK_GRACE_S:.0f} s later were killed", flush=True)
+                write_json(folder / f"{os.getpid()}_stopped_tasks.json",
+                           {"failed_task": task, "exit_code": exit_code, "killed_at": time.time()})
+                _abort_scripts(child.pid)
+                _kill_group(child.pid)
+                killed = True
         except InterruptedError:
             continue
     if stop_by:
@@ -156,9 +195,26 @@ def main(argv: list[str] | None = None) -> int:
           f"memory: {memory}", flush=True)
     # its own process group: a cancel can kill whatever the tasks leave behind, and nothing else
     child.append(subprocess.Popen(command, env=env, start_new_session=True))
-    code = _run_to_the_end(child[0], stop_by, args.name)
+    code = _run_to_the_end(child[0], stop_by, args.name, args.folder)
     queue.release()
     return code
+
+
+def _abort_scripts(controller: int) -> None:
+    """SIGABRT to the scripts the tasks run (and their own children, DataLoader workers): their faulthandler
+    prints where each thread was to the job's log, the evidence of why they were stuck. The tasks themselves
+    are spared for a moment: they relay what the scripts print."""
+    try:
+        tasks = psutil.Process(controller).children()
+        scripts = [p for task in tasks for p in task.children(recursive=True)]
+    except psutil.Error:
+        return
+    for process in scripts:
+        try:
+            process.send_signal(signal.SIGABRT)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(scripts, timeout=3)
 
 
 def _kill_group(pgid: int) -> None:

@@ -340,9 +340,23 @@ def result_unknown(card: JobCard, elapsed: str = "") -> Outcome | None:
     return None
 
 
+def _tasks_failed_first(card: JobCard) -> list[int]:
+    """The job's tasks, those that ended with an error code first: their logs hold the cause; a task stopped
+    after another one failed (its log may hold only the stack dump of a SIGABRT) comes after."""
+    failed = [task for task in range(card.tasks) if _task_returncode(card, task) not in (None, 0)]
+    return failed + [task for task in range(card.tasks) if task not in failed]
+
+
+def _task_returncode(card: JobCard, task: int):
+    try:
+        return json.loads((Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json").read_text()).get("returncode")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
     """The end of the first task's traceback that says why it failed (user script first, then submitit's)."""
-    texts = [tail(card.log_path(task, err=True), 200) for task in range(card.tasks)]
+    texts = [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
     for text in texts:
         if "Traceback" in text:
             block = text[text.index("Traceback"):].splitlines()
@@ -387,6 +401,10 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         killed = [-u["returncode"] for u in usage if isinstance(u.get("returncode"), int) and u["returncode"] < 0]
         if killed and outcome.state == "FAILED":
             outcome.cause += f"\n(the script was killed by {_signal_name(killed[0])})"
+        stopped = card.launcher_note("stopped_tasks") if card.backend != "slurm" else {}
+        if stopped:
+            outcome.cause += (f"\n(task {stopped.get('failed_task')} failed with exit code {stopped.get('exit_code')}; "
+                              "the tasks still running after it were stopped, as srun --kill-on-bad-exit does)")
     if outcome.state == "OUT_OF_MEMORY":
         outcome.cause = _memory_cause(card, row, usage, outcome.cause or traceback_tail(card))
     elif outcome.state == "TIMEOUT":
@@ -457,7 +475,7 @@ def _killed_by_kernel(usage: list[dict]) -> bool:
 def _script_error(card: JobCard) -> str:
     """The script's own last error line(s) when it printed no traceback: argparse's `prog: error: ...`
     without the usage block above it, or its last stderr lines ('' when it printed a traceback)."""
-    for task in range(card.tasks):
+    for task in _tasks_failed_first(card):
         text = tail(card.log_path(task, err=True), 200)
         script_part = text.split("submitit ERROR (")[0]  # what the script printed, before submitit's report
         if not script_part.strip() or "Traceback" in script_part:

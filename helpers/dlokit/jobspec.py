@@ -186,6 +186,8 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         "time": layout.time_minutes,
         "signal_delay_s": min(90, max(5, layout.time_seconds // 10)),  # submitit's warning before the limit
         "setup": setup_lines(spec, profile)[0],
+        # a task that fails ends the step: the others would wait in their next collective until a timeout
+        "srun_args": ["--kill-on-bad-exit=1"],
     }
     if profile.gres_style == "gpus-per-node":
         params["gpus_per_node"] = layout.gpus_per_node
