@@ -16,7 +16,7 @@ from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch, th
 from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import foreign_cpu_share, overlapping
-from dlokit.analysis.pipeline import bubble_plot, bubble_table, pipeline_events, pipeline_timeline
+from dlokit.analysis.pipeline import bubble_plot, bubble_table, bubble_trend, pipeline_events, pipeline_timeline
 from dlokit.analysis.scaling import ScalingError, scaling_plot, scaling_table
 from dlokit.analysis.table import config_value, runs_table
 
@@ -32,5 +32,5 @@ __all__ = ["Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_shar
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",
-           "bubble_plot", "bubble_table", "compression_plot", "compression_table", "pipeline_events",
+           "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",
            "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "read_plot", "read_table"]

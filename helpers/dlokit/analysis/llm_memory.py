@@ -112,3 +112,35 @@ def memory_plot(runs, runs_dir=None):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: the first run is the tallest
     add_notes(figure, notes)
     return figure
+
+
+def model_config(scripts, name: str) -> dict:
+    """A model config of the Day 4 scripts (`CONFIGS[name]` of model.py in `scripts`, or in its parent for the
+    solutions), as a dict: the memory model takes it."""
+    import importlib.util
+    import sys
+    from dataclasses import asdict
+    from pathlib import Path
+
+    folder = Path(scripts)
+    path = folder / "model.py" if (folder / "model.py").exists() else folder.parent / "model.py"
+    spec = importlib.util.spec_from_file_location("dlokit_day4_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return asdict(module.get_config(name))
+
+
+def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int) -> dict:
+    """TP4.2: each rank's memory limit between what FSDP and DDP need per rank (fp32 weights, AdamW), from the
+    memory model: {"ddp_mb", "fsdp_mb", "limit_mb"}, the limit at their geometric mean (as far from each, in
+    ratio). DDP's need includes its gradient buckets (4 bytes a weight, a copy of the gradients the
+    all-reduce works on), which the per-rank model leaves out. Measured on the oom-demo config with 2 CPU ranks:
+    FSDP needed 0.94-0.97 GB, DDP 1.7-1.9 GB, against 0.87 and 1.82 modelled."""
+    from dlokit.memory_model import estimate, params_on_rank
+
+    local = max(1, batch_size // ranks)
+    need = {zero: estimate(config, batch_size=local, seq_len=seq_len, dp=ranks, zero=zero, precision="fp32",
+                           optimizer="adamw").total / MIB for zero in (0, 3)}
+    ddp = need[0] + 4 * params_on_rank(config) / MIB
+    return {"ddp_mb": ddp, "fsdp_mb": need[3], "limit_mb": round((ddp * need[3]) ** 0.5)}

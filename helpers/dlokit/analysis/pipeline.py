@@ -3,15 +3,18 @@
 pipeline_timeline(run)  a Gantt chart of one step: each stage's forward, backward and loss per micro-batch
                         (the `pp_event` lines, seconds from the step's common start), idle time left blank
 bubble_table(runs)      per run: schedule, p, v, m, each stage's idle fraction (1 − busy / step time, mean of
-                        the timed steps), the pipeline's (the busiest stage's) and the theory's
-                        (p − 1) / (v·m + p − 1); also as bubble / ideal time, the (p − 1) / (v·m) form
-bubble_plot(runs)       the same against the number of micro-batches, theory as a dashed line
+                        the timed steps), the pipeline's (the busiest stage's, the median of its timed steps with a
+                        95 % interval) and the theory's (p − 1) / (v·m + p − 1); also as bubble / ideal time
+bubble_trend(runs)      how the measured bubble moves from one micro-batch count to the next: falls, rises or within
+                        noise, from the interval of the ratio of the two runs' per-step bubbles
+bubble_plot(runs)       the same against the number of micro-batches, with the intervals, theory as a dashed line
 """
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.patches import Patch
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import COMPLETED, load_run, load_runs
 
@@ -42,8 +45,8 @@ def _shape(run) -> tuple[str, int, int, int]:
     return schedule, p, v, m
 
 
-def _idle_by_rank(run) -> dict[int, float]:
-    """Each rank's idle fraction, mean over its timed steps (the first `warmup` steps left out)."""
+def _idle_steps(run) -> dict[int, list]:
+    """Each rank's idle fraction of each timed step (the first `warmup` steps left out)."""
     warmup = int(run.config.get("warmup") or 0)
     idle = {}
     for rank in sorted(run.ranks):
@@ -53,8 +56,19 @@ def _idle_by_rank(run) -> dict[int, float]:
         values = pd.to_numeric(steps["pp_idle_fraction"], errors="coerce").dropna()
         timed = values.iloc[warmup:] if len(values) > warmup else values
         if not timed.empty:
-            idle[rank] = float(timed.mean())
+            idle[rank] = timed.tolist()
     return idle
+
+
+def _idle_by_rank(run) -> dict[int, float]:
+    """Each rank's idle fraction, mean over its timed steps."""
+    return {rank: sum(values) / len(values) for rank, values in _idle_steps(run).items()}
+
+
+def _busiest_steps(run) -> list:
+    """The per-step idle fractions of the busiest stage (the least idle on average): the pipeline's bubble."""
+    idle = _idle_by_rank(run)
+    return _idle_steps(run)[min(idle, key=idle.get)] if idle else []
 
 
 def bubble_table(runs, runs_dir=None) -> pd.DataFrame:
@@ -62,17 +76,39 @@ def bubble_table(runs, runs_dir=None) -> pd.DataFrame:
     for run in load_runs(runs, runs_dir):
         schedule, p, v, m = _shape(run)
         idle = _idle_by_rank(run)
-        measured = min(idle.values()) if idle else None  # the pipeline is as idle as its busiest stage
+        # the pipeline is as idle as its busiest stage: the median of its timed steps
+        bubble = stats.estimate_of_samples([_busiest_steps(run)]) if idle else stats.NO_ESTIMATE
+        measured = bubble.value if idle else None
         pipelined = p > 1  # else not a pipeline run: nothing to compare with
         rows.append({
             "run": run.label, "state": run.state, "schedule": schedule, "p": p, "v": v, "m": m,
             "idle_by_stage": [round(idle[r], 3) for r in sorted(idle)],
-            "bubble_measured": measured, "bubble_theory": _theory(p, v, m) if pipelined else None,
+            "bubble_measured": measured, "bubble_low": bubble.low, "bubble_high": bubble.high,
+            "bubble_theory": _theory(p, v, m) if pipelined else None,
             "bubble_over_ideal_measured": measured / (1 - measured) if measured is not None and measured < 1 else None,
             "bubble_over_ideal_theory": (p - 1) / (v * m) if pipelined else None,
         })
     return pd.DataFrame(rows, columns=["run", "state", "schedule", "p", "v", "m", "idle_by_stage", "bubble_measured",
-                                       "bubble_theory", "bubble_over_ideal_measured", "bubble_over_ideal_theory"])
+                                       "bubble_low", "bubble_high", "bubble_theory", "bubble_over_ideal_measured",
+                                       "bubble_over_ideal_theory"])
+
+
+FALLS, RISES, FLAT = "falls", "rises", "within noise"
+
+
+def bubble_trend(runs, runs_dir=None) -> pd.DataFrame:
+    """One row per pair of consecutive micro-batch counts (runs of one schedule and p, sorted by m): the ratio of
+    the busiest stage's per-step bubbles, its 95 % interval, and what it says: falls, rises or within noise."""
+    loaded = sorted(load_runs(runs, runs_dir), key=lambda r: _shape(r)[3])
+    rows = []
+    for before, after in zip(loaded, loaded[1:]):
+        ratio = stats.ratio_of_samples([_busiest_steps(before)], [_busiest_steps(after)])
+        outcome = ratio.outcome(expects_gain=True)
+        word = {stats.AGREES: RISES, stats.CONTRADICTS: FALLS}.get(outcome, FLAT)
+        rows.append({"m_from": _shape(before)[3], "m_to": _shape(after)[3], "ratio": ratio.value,
+                     "ratio_low": ratio.low, "ratio_high": ratio.high, "trend": word if ratio.usable else FLAT,
+                     "theory_ratio": _theory(*_shape(after)[1:]) / _theory(*_shape(before)[1:])})
+    return pd.DataFrame(rows, columns=["m_from", "m_to", "ratio", "ratio_low", "ratio_high", "trend", "theory_ratio"])
 
 
 def bubble_plot(runs, runs_dir=None):
@@ -89,7 +125,10 @@ def bubble_plot(runs, runs_dir=None):
         group = group.sort_values("m")
         color = f"C{index % 10}"
         label = f"{schedule}, p={p}" + (f", v={v}" if v > 1 else "")
-        ax.plot(group["m"], group["bubble_measured"], "o-", color=color, label=f"{label}: measured")
+        spread = [(group["bubble_measured"] - group["bubble_low"]).clip(lower=0).fillna(0),
+                  (group["bubble_high"] - group["bubble_measured"]).clip(lower=0).fillna(0)]
+        ax.errorbar(group["m"], group["bubble_measured"], yerr=spread, fmt="o-", capsize=3, color=color,
+                    label=f"{label}: measured (95 % interval over the steps)")
         ms = sorted(set(group["m"]) | {1, int(group["m"].max())})
         ax.plot(ms, [_theory(p, v, m) for m in ms], "--", color=color, alpha=0.7, label=f"{label}: (p−1)/(v·m+p−1)")
     ax.set(xscale="log", xlabel="micro-batches m", ylabel="idle fraction of the step (busiest stage)",

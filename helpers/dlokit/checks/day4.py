@@ -66,36 +66,54 @@ def oom_then_fit(ddp_id, fsdp_id):
     ddp_state = job_outcome(ddp_id).state
     details = [f"DDP job {ddp_id}: {ddp_state}, record {ddp.state}", f"FSDP job {fsdp_id}: {job_outcome(fsdp_id).state}, "
                f"record {fsdp.state}"]
+    limit, used = fsdp.summary.get("memory_limit_mb"), _memory(fsdp)
+    if limit and used:
+        tensors = sum(float(used.get(k) or 0) for k in ("params", "grads", "optimizer", "activations_peak",
+                                                       "gathered_params_peak")) / 2**20
+        details.append(f"each rank's limit {limit:.0f} MiB; FSDP's tensors used {tensors:.0f} MiB of it at most "
+                       f"({limit / tensors:.2f}x room)")
     if not (ddp.oom or ddp_state == "OUT_OF_MEMORY"):
         return failed(f"the DDP job {ddp_id} did not run out of memory ({ddp_state}): the limit is too large for this "
                       "model, or the model too small — use the notebook's OOM_CONFIG and OOM_LIMIT", details)
     if fsdp.state != "completed":
         return failed(f"the FSDP job {fsdp_id} did not complete ({fsdp.state}) under the same limit", details)
-    return passed("DDP ran out of memory, FSDP completed under the same limit", details)
+    return passed("DDP ran out of memory, FSDP completed under the same limit"
+                  + (f" ({fsdp.summary['memory_limit_mb']:.0f} MiB per rank)" if fsdp.summary.get("memory_limit_mb") else ""),
+                  details)
 
 
 @check("TP4.3 pipeline bubble")
 def pipeline_bubble(job_ids):
-    """The GPipe runs' measured bubble falls as the micro-batches grow, as (p−1)/(m+p−1) says."""
+    """The GPipe runs' measured bubble falls as the micro-batches grow, as (p−1)/(m+p−1) says: read from the data,
+    the bubble at the most micro-batches against the fewest, each pair of neighbours said as it went (falls,
+    rises, within noise: the interval of the ratio of their per-step bubbles)."""
     runs, problem = _completed(job_ids)
     if problem:
         return problem
-    from dlokit.analysis.pipeline import bubble_table
+    from dlokit.analysis import stats
+    from dlokit.analysis.pipeline import _busiest_steps, bubble_table, bubble_trend
 
     table = bubble_table(runs).sort_values("m")
-    details = [f"m={r.m}: measured {r.bubble_measured:.2f}, theory {r.bubble_theory:.2f}" for r in table.itertuples()]
+    details = [f"m={r.m}: measured {r.bubble_measured:.2f} [{r.bubble_low:.2f}–{r.bubble_high:.2f}], theory "
+               f"{r.bubble_theory:.2f}" for r in table.itertuples()]
     if len(table) < 2:
         return failed("need GPipe runs with at least two micro-batch counts", details)
-    measured = table["bubble_measured"].tolist()
-    if not measured[-1] < measured[0]:
-        busy = _busy_machine(runs)
-        if busy:  # idle time measured on cores that other work was using is not the pipeline's bubble
-            return not_applicable(f"{busy}: the stages' idle time was not theirs to measure; run these jobs "
-                                  "again on an idle machine", details)
-        return failed(f"the measured bubble did not fall from m={table['m'].iloc[0]} to m={table['m'].iloc[-1]} "
-                      f"({measured[0]:.2f} → {measured[-1]:.2f})", details)
-    return passed(f"the bubble falls from {measured[0]:.2f} (m={table['m'].iloc[0]}) to {measured[-1]:.2f} "
-                  f"(m={table['m'].iloc[-1]})", details)
+    ordered = sorted(runs, key=lambda r: int(r.summary.get("pp_microbatches") or r.config.get("microbatches") or 1))
+    overall = stats.ratio_of_samples([_busiest_steps(ordered[0])], [_busiest_steps(ordered[-1])])
+    steps = "; ".join(f"m={t.m_from}→{t.m_to}: {t.trend} (×{t.ratio:.2f} [{t.ratio_low:.2f}–{t.ratio_high:.2f}], "
+                      f"theory ×{t.theory_ratio:.2f})" for t in bubble_trend(ordered).itertuples())
+    first, last = table.iloc[0], table.iloc[-1]
+    span = (f"from {first.bubble_measured:.2f} [{first.bubble_low:.2f}–{first.bubble_high:.2f}] (m={first.m}) to "
+            f"{last.bubble_measured:.2f} [{last.bubble_low:.2f}–{last.bubble_high:.2f}] (m={last.m})")
+    details.append(f"step by step: {steps}")
+    if overall.usable and overall.high < 1:
+        return passed(f"the bubble falls {span}; step by step: {steps}", details)
+    busy = _busy_machine(runs)
+    if busy:  # idle time measured on cores that other work was using is not the pipeline's bubble
+        return not_applicable(f"{busy}: the stages' idle time was not theirs to measure; run these jobs "
+                              "again on an idle machine", details)
+    return failed(f"the measured bubble did not fall {span} (ratio ×{overall.value:.2f} [{overall.low:.2f}–"
+                  f"{overall.high:.2f}]); step by step: {steps}", details)
 
 
 def _busy_machine(runs) -> str | None:

@@ -1,0 +1,67 @@
+"""--memory-limit: give this rank's tensors a device's worth of memory, on a GPU or on a CPU.
+
+A GPU's memory is a wall for tensors: past it, the caching allocator raises "CUDA out of memory", whatever the
+host holds. A CPU process has no such wall, and its resident memory is mostly the interpreter and the libraries
+(about 1.3 GB here), which drowns the difference between two parallel layouts. So the limit applies to what the
+run allocates once started:
+
+* on a GPU: torch.cuda.set_per_process_memory_fraction, the allocator's own limit;
+* on a CPU: RLIMIT_DATA (the process's private writable memory, which tensors come from) set to what the process
+  holds after start-up (interpreter, libraries, process group) plus the limit: an allocation past it is refused
+  ("DefaultCPUAllocator: can't allocate memory"), and the run ends out of memory, as on a GPU of that size.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import resource
+from pathlib import Path
+
+import torch
+
+
+def data_mb() -> float | None:
+    """The process's private writable memory now (VmData, what RLIMIT_DATA bounds), in MiB; None off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def limit_memory(limit_mb: float, device: torch.device) -> dict:
+    """Apply the limit for this rank; returns what the run record keeps of it."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory / 2**20
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total), device)
+        return {"memory_limit_mb": limit_mb, "memory_limit_on": "cuda allocator"}
+    _return_freed_memory()
+    base = data_mb()
+    if base is None:
+        raise RuntimeError("--memory-limit on a CPU needs Linux (/proc/self/status)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    wanted = int((base + limit_mb) * 2**20)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft != resource.RLIM_INFINITY:
+        wanted = min(wanted, soft)  # a job's own limit (the kit's mem) stays the tighter one
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
+    return {"memory_limit_mb": limit_mb, "memory_limit_on": "RLIMIT_DATA", "memory_base_mb": round(base, 1)}
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def _return_freed_memory() -> None:
+    """Blocks of 1 MiB and more get their own mapping, given back to the system when freed. By default glibc raises
+    that threshold as big blocks are freed (up to 32 MiB), then keeps freed blocks for reuse: they would still count
+    against RLIMIT_DATA, which a GPU's allocator does not do to its own cache. Nothing happens without glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    except OSError:
+        pass
