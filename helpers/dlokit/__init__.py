@@ -6,14 +6,18 @@
     dlokit.display_slurm_queue("alice")
     print(dlokit.job_outcome(ids[0]))
 """
+import importlib
+
 from .jobs import JobCard, Outcome, cancel, job_outcome, search_log, show_script, wait
 from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
 from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
-from .queue import display_slurm_queue, job_table
 from .submit import gpu_jobs_submitter, submit
 from .day import Day, setup_day
 
 __version__ = "0.1.0"
+# Loaded on first use: the local launcher and every job's task import dlokit's small modules before a job
+# starts, and should not pay for pandas (the queue's table) on each job.
+_LAZY = {"display_slurm_queue": "queue", "job_table": "queue"}
 __all__ = [
     "Day", "setup_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "ProfileError", "cancel", "current_profile",
     "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
@@ -22,9 +26,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """`dlokit.hpo` (Day 3, Optuna) is imported on first use: jobs and other days never load Optuna."""
+    """The public names above, and `dlokit.hpo` (Day 3, Optuna), imported on first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     if name == "hpo":
-        import importlib
-
         return importlib.import_module(".hpo", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
