@@ -55,6 +55,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from checkpoint import load_checkpoint, save_checkpoint
 from collectives import CollectiveLog
 from data import TokenBatches
+from device_memory import data_mb, limit_memory
 from failures import EXIT_FAILED, EXIT_OOM, FailureWatch, exit_now, is_out_of_memory
 from grad_norm import global_grad_norm
 from memory_meter import MemoryMeter
@@ -109,6 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the summary's means")
     p.add_argument("--checkpoint-dir", default=None, help="save a sharded checkpoint there at the end")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint-dir")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="MB",
+                   help="memory for this rank's tensors, as a device of that size would give (device_memory.py)")
     p.add_argument("--runs-dir", default=None)
     return p.parse_args(argv)
 
@@ -257,6 +260,8 @@ def train(args, config, dims, env, device, recorder) -> int:
     cp_attention = choose_context_parallel_attention(run, mesh) if dims.has("cp") else None
     if dims.has("cp") and cp_attention is None:
         return 0
+    if args.memory_limit:  # right before the model: what the model, its layout and its steps allocate counts
+        run.extra_summary.update(limit_memory(args.memory_limit, device))
     with torch.device("meta" if args.meta_init else device):
         model = Llama(config)
     run.parallel = parallelize(model, dims, mesh, args, device, cp_attention=cp_attention)

@@ -12,7 +12,8 @@ from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
 from dlokit.analysis.compile_storage import compile_plot, compile_table, read_plot, read_table
 from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plot, optimizer_table
-from dlokit.analysis.memory import memory_fit, memory_table, memory_vs_batch, throughput_vs_batch
+from dlokit.analysis.memory import (batch_speeds, chosen_batch, memory_fit, memory_table, memory_vs_batch,
+                                    throughput_vs_batch)
 from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import foreign_cpu_share, overlapping
@@ -29,7 +30,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
 
 
 __all__ = ["Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "compare_runs", "config_value", "dashboard",
-           "dataloader_trials", "list_run_ids", "load_run", "load_runs", "memory_fit", "memory_table",
+           "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",
            "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",

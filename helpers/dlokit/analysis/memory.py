@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import COMPLETED, load_runs
 from dlokit.analysis.table import runs_table
@@ -63,28 +64,60 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
     return figure
 
 
+def batch_speeds(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
+    """A batch scan: per completed run, its batch size and `metric` (median of the settled steps) with its 95 %
+    interval; `fastest` marks the best, `tied` the batches within noise of it (their intervals overlap)."""
+    rows = []
+    for run in load_runs(runs, runs_dir):
+        batch = run.config.get("batch_size")
+        if run.state != COMPLETED or batch is None:
+            continue
+        value = stats.estimate(run, metric)
+        if value.runs:
+            rows.append({"run_id": run.run_id, "batch_size": int(batch), metric: value.value, "low": value.low,
+                         "high": value.high})
+    table = pd.DataFrame(rows, columns=["run_id", "batch_size", metric, "low", "high"]).sort_values("batch_size")
+    if table.empty:
+        return table.assign(fastest=[], tied=[])
+    best = table.loc[table[metric].idxmax()]
+    table["fastest"] = table["run_id"] == best["run_id"]
+    table["tied"] = table["high"] >= best["low"]
+    return table.reset_index(drop=True)
+
+
+def chosen_batch(runs, runs_dir=None, metric: str = "throughput_train") -> int | None:
+    """The batch a scan recommends: the smallest one within noise of the fastest (a larger batch buys nothing this
+    scan could measure, and costs memory and steps per epoch). None when no run completed."""
+    table = batch_speeds(runs, runs_dir, metric)
+    return int(table.loc[table["tied"], "batch_size"].min()) if not table.empty else None
+
+
 def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_train"):
-    """Throughput against batch size (the batch scan), with the out-of-memory batch sizes marked."""
+    """Throughput against batch size (the batch scan) with 95 % intervals, the out-of-memory batch sizes marked,
+    and the batch chosen_batch() recommends."""
     table = runs_table(load_runs(runs, runs_dir))
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
-    measured = table[~table["oom"]].dropna(subset=["batch_size", metric]).sort_values("batch_size")
+    speeds = batch_speeds(runs, runs_dir, metric)
     ooms = table[table["oom"]].dropna(subset=["batch_size"])
     notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table.itertuples()
              if not r.oom and pd.isna(getattr(r, metric))]
     notes += [f"⚠ run {r.run_id} overlapped {r.overlapped_by}: not a valid measurement"
               for r in table.itertuples() if r.overlapped_by]
-    if measured.empty:
+    if speeds.empty:
         return message_figure(notes or ["no runs"], title="throughput vs batch size")
     figure, axes = new_figure()
     ax = axes[0, 0]
-    ax.plot(measured["batch_size"], measured[metric], "o-", color="tab:blue", label=metric)
+    spread = [(speeds[metric] - speeds["low"]).clip(lower=0).fillna(0),
+              (speeds["high"] - speeds[metric]).clip(lower=0).fillna(0)]
+    ax.errorbar(speeds["batch_size"], speeds[metric], yerr=spread, fmt="o-", capsize=3, color="tab:blue",
+                label=f"{metric} (median of the settled steps, 95 % interval)")
     for b in ooms["batch_size"]:
         ax.axvline(b, color="tab:red", alpha=0.4, label="out of memory" if b == ooms["batch_size"].iloc[0] else None)
-    best = measured.loc[measured[metric].idxmax()]
-    ax.annotate(f"best: batch {int(best['batch_size'])}", (best["batch_size"], best[metric]), fontsize=8,
-                xytext=(5, -12), textcoords="offset points")
+    chosen = speeds[speeds["tied"]].iloc[0]
+    ax.annotate(f"chosen: batch {int(chosen['batch_size'])}\n(smallest within noise of the fastest)",
+                (chosen["batch_size"], chosen[metric]), fontsize=8, xytext=(5, -22), textcoords="offset points")
     ax.set(xlabel="batch size (per GPU)", ylabel="images / s", title="throughput vs batch size", xscale="log")
-    ax.set_xticks(measured["batch_size"], [str(int(b)) for b in measured["batch_size"]])
+    ax.set_xticks(speeds["batch_size"], [str(int(b)) for b in speeds["batch_size"]])
     ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure
