@@ -163,7 +163,7 @@ def test_dashboard_complete_and_partial(runs_dir):
 
 def test_compare_runs_ratios_and_notes(runs_dir):
     table, figure = analysis.compare_runs(["1001", "1003", "1004", "4242"], baseline="1003", runs_dir=runs_dir)
-    ratios = dict(zip(table["run_id"], table["ratio"]))
+    ratios = dict(zip(table["arm"], table["ratio"]))
     assert ratios["1003"] == pytest.approx(1.0) and ratios["1001"] == pytest.approx(0.25)
     assert [p.get_height() for p in figure.axes[0].patches][:2] == pytest.approx([32 / 0.06, 128 / 0.06])
     assert "run 4242: missing" in figure_texts(figure)

@@ -28,15 +28,14 @@ STEP_METRICS = ("throughput_train", "throughput_compute", "t_step", "t_data", "t
 
 
 class Comparison(NamedTuple):
-    """(table, figure, estimates); shows the table and the figure in a notebook. `estimates[label]` is the
-    ratio of that arm to the baseline (a stats.Estimate)."""
+    """(table, figure); shows both in a notebook. `ratio(label)` is that arm's ratio to the baseline, a
+    stats.Estimate (also in `table.attrs["ratios"]`)."""
 
     table: pd.DataFrame
     figure: Figure
-    estimates: dict
 
     def ratio(self, label) -> stats.Estimate:
-        return self.estimates.get(str(label), stats.NO_ESTIMATE)
+        return self.table.attrs.get("ratios", {}).get(str(label), stats.NO_ESTIMATE)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = figure_png_base64(self.figure)  # also as image/png, so that saved notebooks keep the chart
@@ -105,7 +104,8 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
                    basis=estimate.basis_text if estimate.runs else "")
     out = pd.DataFrame(rows, columns=["arm", "runs", "state", metric, "low", "high", "ratio", "ratio_low",
                                       "ratio_high", "basis", "overlapped_by", "foreign_cpu"])
-    return Comparison(out, _bars(out, metric, base, table, estimates), estimates)
+    out.attrs["ratios"] = estimates
+    return Comparison(out, _bars(out, metric, base, table, estimates))
 
 
 def _short(text: str, width: int = 24) -> str:
@@ -114,7 +114,7 @@ def _short(text: str, width: int = 24) -> str:
 
 def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estimates: dict) -> Figure:
     plotted = out[out[metric].notna()]
-    notes = [f"run(s) {r.runs}: {r.state}, no {metric}" for r in out[out[metric].isna()].itertuples()]
+    notes = [f"run {r.runs}: {r.state}, no {metric}" for r in out[out[metric].isna()].itertuples()]
     notes += overlap_notes({r.run_id: r.overlapped_by.split(", ") for r in table.itertuples() if r.overlapped_by})
     notes += foreign_notes(dict(zip(table["run_id"], table["foreign_cpu"])))
     if plotted.empty:

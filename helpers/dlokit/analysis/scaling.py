@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.overlap import busy
 from dlokit.analysis.run import Run, load_runs
@@ -72,7 +73,9 @@ def _above_ideal_reason(row, base, kind: str) -> str:
 
 
 def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
-    """Best throughput per world size; speed-up and efficiency relative to the smallest world size.
+    """Throughput per world size (every run of that size: repeats of one command), and the speed-up and
+    efficiency relative to the smallest world size, each with its 95 % interval (dlokit.analysis.stats: the run
+    is the unit when both sizes were repeated).
 
     Raises ScalingError for a multi-rank run without DDP or a distributed sampler. The table's
     `attrs["kind"]` says strong/weak/mixed; `note` explains an efficiency above 100 % or an overlap."""
@@ -82,23 +85,37 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     table = runs_table(runs)
     table[metric] = pd.to_numeric(table[metric], errors="coerce")
     usable = table.dropna(subset=[metric])
-    columns = ["world_size", "run_id", "batch_size", "global_batch_size", metric, "speedup", "ideal", "efficiency",
+    columns = ["world_size", "run_id", "batch_size", "global_batch_size", metric, "low", "high", "speedup",
+               "speedup_low", "speedup_high", "ideal", "efficiency", "efficiency_low", "efficiency_high",
                "overlapped_by", "foreign_cpu", "note"]
     if usable.empty:
         return pd.DataFrame(columns=columns)
-    best = usable.loc[usable.groupby("world_size")[metric].idxmax()].sort_values("world_size")
-    base = best.iloc[0]
-    out = best[["world_size", "run_id", "batch_size", "global_batch_size", metric, "overlapped_by",
-                "foreign_cpu"]].reset_index(drop=True)
-    out["speedup"] = out[metric] / base[metric]
-    out["ideal"] = out["world_size"] / base["world_size"]
-    out["efficiency"] = out["speedup"] / out["ideal"]
+    by_id = {r.run_id: r for r in runs}
+    groups = {size: [by_id[i] for i in rows["run_id"]] for size, rows in usable.groupby("world_size")}
+    base_size = min(groups)
+    rows = []
+    for size, group in sorted(groups.items()):
+        ids = [r.run_id for r in group]
+        these = usable[usable["run_id"].isin(ids)]
+        value = stats.estimate(group, metric)
+        speedup = stats.ratio(groups[base_size], group, metric) if size != base_size else \
+            stats.Estimate(1.0, 1.0, 1.0, value.runs, value.steps)
+        ideal = size / base_size
+        rows.append({"world_size": size, "run_id": ", ".join(ids), "batch_size": these["batch_size"].iloc[0],
+                     "global_batch_size": these["global_batch_size"].iloc[0], metric: value.value,
+                     "low": value.low, "high": value.high, "speedup": speedup.value, "speedup_low": speedup.low,
+                     "speedup_high": speedup.high, "ideal": ideal, "efficiency": speedup.value / ideal,
+                     "efficiency_low": speedup.low / ideal, "efficiency_high": speedup.high / ideal,
+                     "overlapped_by": ", ".join(o for o in these["overlapped_by"] if o),
+                     "foreign_cpu": these["foreign_cpu"].max(), "_speedup": speedup})
+    out = pd.DataFrame(rows)
+    base = out.iloc[0]
     kind = scaling_kind(out)
     notes = []
     for row in out.itertuples():
         note = []
-        if row.efficiency > 1.0 + 1e-9:
-            note.append(f"efficiency {100 * row.efficiency:.0f} % > 100 %: "
+        if row.efficiency_low > 1.0 + 1e-9:
+            note.append(f"efficiency {100 * row.efficiency:.0f} % > 100 % beyond noise: "
                         + _above_ideal_reason(row, base, kind))
         if row.overlapped_by:
             note.append(f"overlapped run(s) {row.overlapped_by}: not a valid measurement")
@@ -108,6 +125,7 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     out["note"] = notes
     out.attrs["kind"] = kind
     out.attrs["kind_text"] = KIND_TEXT[kind]
+    out.attrs["speedups"] = dict(zip(out["world_size"], out["_speedup"]))  # stats.Estimate per world size
     return out[columns]
 
 
@@ -128,10 +146,14 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
     figure, axes = new_figure(1, 2, size=(10, 4))
     left, right = axes[0]
     left.plot(scaling["world_size"], scaling["ideal"], "--", color="tab:gray", label="ideal")
-    left.plot(scaling["world_size"], scaling["speedup"], "o-", color="tab:blue", label="measured")
-    left.set(xlabel=xlabel, ylabel="speed-up", title=f"speed-up ({metric})")
+    left.errorbar(scaling["world_size"], scaling["speedup"], capsize=3, color="tab:blue", fmt="o-", label="measured",
+                  yerr=[(scaling["speedup"] - scaling["speedup_low"]).clip(lower=0).fillna(0),
+                        (scaling["speedup_high"] - scaling["speedup"]).clip(lower=0).fillna(0)])
+    left.set(xlabel=xlabel, ylabel="speed-up", title=f"speed-up ({metric}, 95 % intervals)")
     left.legend(fontsize=8)
-    right.plot(scaling["world_size"], 100 * scaling["efficiency"], "o-", color="tab:green")
+    right.errorbar(scaling["world_size"], 100 * scaling["efficiency"], capsize=3, color="tab:green", fmt="o-",
+                   yerr=[100 * (scaling["efficiency"] - scaling["efficiency_low"]).clip(lower=0).fillna(0),
+                         100 * (scaling["efficiency_high"] - scaling["efficiency"]).clip(lower=0).fillna(0)])
     right.axhline(100, ls="--", color="tab:gray")
     right.set(xlabel=xlabel, ylabel="%", title="efficiency",
               ylim=(0, max(110, 105 * scaling["efficiency"].max())))
@@ -139,7 +161,7 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
         ax.set_xscale("log", base=2)
         ax.set_xticks(scaling["world_size"], [str(w) for w in scaling["world_size"]])
     for row in scaling.itertuples():
-        if row.efficiency > 1.0 + 1e-9 or row.note:
+        if row.note:
             right.annotate("see note", (row.world_size, 100 * row.efficiency), fontsize=8, color="tab:red")
     figure.suptitle(scaling.attrs["kind_text"], fontsize=9)
     add_notes(figure, notes)
