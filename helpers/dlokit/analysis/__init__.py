@@ -14,7 +14,7 @@ from dlokit.analysis.compile_storage import compile_plot, compile_table, read_pl
 from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plot, optimizer_table
 from dlokit.analysis.memory import (batch_speeds, chosen_batch, memory_fit, memory_table, memory_vs_batch,
                                     throughput_vs_batch)
-from dlokit.analysis.profiler import breakdown_pie, profiler_breakdown, trace_files
+from dlokit.analysis.profiler import breakdown_pie, communication_per_step, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import foreign_cpu_share, overlapping
 from dlokit.analysis.pipeline import bubble_plot, bubble_table, bubble_trend, pipeline_events, pipeline_timeline
@@ -29,7 +29,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "compare_runs", "config_value", "dashboard",
+__all__ = ["Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",

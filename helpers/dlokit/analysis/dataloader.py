@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.run import load_runs
 from dlokit.analysis.table import runs_table
 
@@ -12,7 +13,16 @@ TRIAL_COLUMNS = ("run_id", "state", "workers", "pin_memory", "non_blocking", "pr
 
 
 def dataloader_trials(runs, runs_dir=None) -> pd.DataFrame:
-    """One row per run, sorted by mean load time per step (t_data); runs without timings last."""
-    table = runs_table(load_runs(runs, runs_dir))
-    trials = table[list(TRIAL_COLUMNS)].rename(columns={"t_data": "load_s_per_step"})
+    """One row per run, sorted by load time per step (t_data: the median of its settled steps, with its 95 %
+    interval, load_low / load_high); runs without timings last."""
+    loaded = load_runs(runs, runs_dir)
+    table = runs_table(loaded)
+    waits = {run.run_id: stats.estimate(run, "t_data") for run in loaded}
+    table["t_data"] = [waits[r].value if waits[r].runs else t for r, t in zip(table["run_id"], table["t_data"])]
+    table["load_low"] = [waits[r].low for r in table["run_id"]]
+    table["load_high"] = [waits[r].high for r in table["run_id"]]
+    columns = list(TRIAL_COLUMNS)
+    columns.insert(columns.index("t_data") + 1, "load_low")
+    columns.insert(columns.index("load_low") + 1, "load_high")
+    trials = table[columns].rename(columns={"t_data": "load_s_per_step"})
     return trials.sort_values("load_s_per_step", na_position="last", kind="stable").reset_index(drop=True)
