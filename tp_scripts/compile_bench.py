@@ -69,8 +69,6 @@ def main(argv=None) -> int:
     env = job.detect()
     args = parse_args(argv)
     device = job.init_process_group(device=None if args.device == "auto" else args.device)
-    if args.fresh_cache:
-        use_fresh_cache()
     variants = resolve_variants(args.variants, device)
     compiler_problem = missing_compiler(device.type)
     record = RunRecorder(config(args, env, device, variants, compiler_problem), rank=env.rank,
@@ -113,8 +111,9 @@ def parse_args(argv=None):
                    help="first calls of each variant, timed apart: compiling, TorchScript's profiling runs")
     p.add_argument("--steps", type=int, default=10, help="timed calls after the warm-up (their median is t_step)")
     p.add_argument("--fresh-cache", action="store_true",
-                   help="compile from scratch: an empty inductor cache for this run (otherwise the per-user cache, "
-                        "$TORCHINDUCTOR_CACHE_DIR, may already hold these kernels and compiling takes seconds)")
+                   help="compile from scratch: an empty inductor cache for each compiled variant (otherwise the "
+                        "per-user cache, $TORCHINDUCTOR_CACHE_DIR, or a variant compiled before it in this run, may "
+                        "already hold its kernels, and compiling takes seconds instead of minutes)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto = the GPU when there is one")
     p.add_argument("--seed", type=int, default=0, help="same seed, same weights, batches and function input")
     p.add_argument("--runs-dir", default=None, help="where run records go [default: $DLOKIT_RUNS_DIR or ./runs]")
@@ -165,11 +164,15 @@ def inductor_cache_dir() -> str:
 
 
 def use_fresh_cache() -> None:
-    """An empty cache folder for this process, removed at the end: every kernel is generated and built again."""
+    """An empty cache folder, removed at the end, and Inductor's in-memory caches emptied: every kernel is generated
+    and built again (called before each compiled variant, so that no variant reuses another's kernels)."""
+    from torch._inductor.utils import clear_inductor_caches
+
     folder = tempfile.mkdtemp(prefix="dlokit-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
     os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    clear_inductor_caches()
 
 
 # ---- the variants ----------------------------------------------------------------------------------
@@ -236,6 +239,8 @@ def measure(build, device, args, *, items: int, item_name: str):
     """Build the variant (timed: tracing, scripting, wrapping), then call it warm-up + timed times:
     (result fields, what the calls returned)."""
     torch._dynamo.reset()  # each compile variant compiles from nothing (no graph kept from the previous one)
+    if args.fresh_cache:  # ... and no kernel either: a cold cache for each, so their compile times compare
+        use_fresh_cache()
     counters.clear()
     started = time.perf_counter()
     fn, call = build()
@@ -248,7 +253,8 @@ def measure(build, device, args, *, items: int, item_name: str):
               "t_compile": max(0.0, t_build + sum(warmup) - len(warmup) * t_step),
               "t_step": t_step, "t_step_min": min(timed), "t_step_max": max(timed),
               "warmup_steps": len(warmup), "timed_steps": len(timed), "step_times": [round(s, 6) for s in seconds],
-              "items": item_name, "items_per_s": items / t_step, "compiled": is_compiled(fn), **dynamo_counts()}
+              "items": item_name, "items_per_s": items / t_step, "compiled": is_compiled(fn),
+              "cache": "fresh" if args.fresh_cache else "shared (may hold kernels compiled before)", **dynamo_counts()}
     return fields, outputs
 
 

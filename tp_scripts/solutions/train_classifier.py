@@ -41,7 +41,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
 from image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform
 from instrument import Instrument, leave_now
-from storage_formats import open_image_data
+from storage_formats import open_image_data, read_manifest
 from tracking import start_tracking, stop_tracking
 from train_options import augmentations, parse_args
 from webdataset_stream import shard_loaders
@@ -110,6 +110,7 @@ class Data:
     val_loader: object            # this rank's share of the validation set (None: no validation)
     num_classes: int
     train_size: int | None        # training images (None for synthetic data)
+    val_size: int | None          # validation images, all ranks together (None: no validation)
     loader_options: dict
     non_blocking: bool            # copies to the device may overlap with computation
     mixer: object                 # mixup/cutmix, applied to whole batches on the device (None: off)
@@ -185,7 +186,7 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     if args.data == "synthetic":  # one random batch made on the device: the compute ceiling
         batches = SyntheticBatches(args.batch_size, args.image_size, args.num_classes, args.synthetic_steps,
                                    device, seed=args.seed + rank)
-        return Data(batches, batches, None, None, args.num_classes, None, {}, False,
+        return Data(batches, batches, None, None, args.num_classes, None, None, {}, False,
                     build_mixer(args, args.num_classes))
     randaugment = "randaugment" in augmentations(args.augment)
     non_blocking = False
@@ -216,8 +217,9 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     if val_set is not None and not args.test:
         my_share = Subset(val_set, range(rank, len(val_set), world_size))  # no padding: exact accuracy
         val_loader = DataLoader(my_share, batch_size=args.batch_size, timeout=timeout, **loader_options)
-    return Data(train_loader, sampler, shard_sampler, val_loader, len(classes), len(train_set), loader_options,
-                non_blocking, build_mixer(args, len(classes)))
+    return Data(train_loader, sampler, shard_sampler, val_loader, len(classes), len(train_set),
+                len(val_set) if val_loader is not None else None, loader_options, non_blocking,
+                build_mixer(args, len(classes)))
 
 
 def shard_data(args, rank: int, world_size: int, randaugment: bool, loader_options: dict, non_blocking: bool) -> Data:
@@ -226,7 +228,8 @@ def shard_data(args, rank: int, world_size: int, randaugment: bool, loader_optio
         args.data, train_transform(args.image_size, randaugment), val_transform(args.image_size),
         batch_size=args.batch_size, rank=rank, world_size=world_size, seed=args.seed, loader_options=loader_options,
         validation=not args.test)
-    return Data(stream, stream, split, val_loader, len(classes), train_size, loader_options, non_blocking,
+    val_size = read_manifest(args.data)["splits"].get("val", {}).get("count") if val_loader is not None else None
+    return Data(stream, stream, split, val_loader, len(classes), train_size, val_size, loader_options, non_blocking,
                 build_mixer(args, len(classes)))
 
 
@@ -338,7 +341,8 @@ def open_records(t: Training, launcher: str, start: dict) -> Instrument:
     param_count = sum(p.numel() for p in t.raw_model.parameters())
     config = {**vars(args), "world_size": t.world_size, "global_batch_size": args.batch_size * t.world_size,
               "steps_per_epoch": t.steps_per_epoch, "total_steps": t.total_steps, "num_classes": data.num_classes,
-              "train_images": data.train_size, "param_count": param_count, "launcher": launcher,
+              "train_images": data.train_size, "val_images": data.val_size, "param_count": param_count,
+              "launcher": launcher,
               "device_type": t.device.type, "optimizer_class": qualified_name(t.optimizer),
               "lr_peak": peak_lr(args, args.batch_size * t.world_size),
               "warmup_steps": warmup_steps(args, t.steps_per_epoch)}

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import load_run
 
-COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup", "max_abs_diff", "agrees",
-                   "compiled", "graphs", "graph_breaks", "ddp", "reason")
+COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup", "speedup_low", "speedup_high",
+                   "max_abs_diff", "agrees", "compiled", "graphs", "graph_breaks", "cache", "ddp", "reason")
 READ_COLUMNS = ("format", "num_workers", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch", "pixel_sum")
 
 
@@ -21,8 +22,31 @@ def _lines(job_id, kind: str, columns, runs_dir=None) -> pd.DataFrame:
 
 
 def compile_table(job_id, runs_dir=None) -> pd.DataFrame:
-    """One row per part (model, function) and variant: compile time (first calls) apart from the steady step."""
-    return _lines(job_id, "compile_result", COMPILE_COLUMNS, runs_dir)
+    """One row per part (model, function) and variant: compile time (first calls) apart from the steady step, and
+    the speed-up against the part's reference (eager or NumPy) with its 95 % interval over the timed calls."""
+    lines = load_run(job_id, runs_dir).lines("compile_result")
+    if not lines.empty and "step_times" in lines:
+        lines = lines.copy()
+        estimates = [compile_speedup(lines, row) for _, row in lines.iterrows()]
+        lines["speedup_low"] = [e.low for e in estimates]
+        lines["speedup_high"] = [e.high for e in estimates]
+    return lines[[c for c in COMPILE_COLUMNS if c in lines]].reset_index(drop=True)
+
+
+def _timed(row) -> list:
+    times = row.get("step_times")
+    warmup = int(row.get("warmup_steps") or 0)
+    return list(times[warmup:]) if isinstance(times, list) else []
+
+
+def compile_speedup(lines: pd.DataFrame, row) -> stats.Estimate:
+    """The reference's time per call over this variant's (a speed-up), from their timed calls, with its interval."""
+    if row.get("status") != "ok" or not row.get("reference"):
+        return stats.NO_ESTIMATE
+    reference = lines[(lines["part"] == row["part"]) & (lines["variant"] == row["reference"])]
+    if reference.empty:
+        return stats.NO_ESTIMATE
+    return stats.ratio_of_samples([_timed(row)], [_timed(reference.iloc[0])])
 
 
 def compile_plot(job_id, runs_dir=None):
@@ -44,7 +68,12 @@ def compile_plot(job_id, runs_dir=None):
         ax.invert_yaxis()
         ax.set(xlabel="ms per call (median, after warm-up)", title=f"{part}: steady state; compile time written")
     skipped = table[table["status"] != "ok"] if "status" in table else table.iloc[0:0]
-    add_notes(figure, [f"{r.part}/{r.variant}: {r.status} ({r.reason})" for r in skipped.itertuples()])
+    notes = [f"{r.part}/{r.variant}: {r.status} ({r.reason})" for r in skipped.itertuples()]
+    caches = set(done["cache"].dropna()) if "cache" in done else set()
+    notes += [f"compile times: each compiled variant started from an empty kernel cache" if caches == {"fresh"} else
+              "compile times: the kernel cache was shared, so a variant may have reused kernels compiled before it "
+              "(compile_bench.py --fresh-cache compares them from scratch)"] if caches else []
+    add_notes(figure, notes)
     return figure
 
 

@@ -2,6 +2,7 @@
 
     optimizer_table(job_ids)      # one row per training: optimiser, global batch, peak lr, warm-up, top-1
     optimizer_plot(job_ids)       # grouped bars, ours beside DLO-JZ's (GPU, CIFAR-10, 30 / 75 epochs)
+    large_batch_lesson(job_ids)   # does this run show the lesson? top-1 with intervals, agrees / contradicts / noise
     lr_finder_plot(job_id)        # loss reached per learning rate, the suggested lr marked
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import load_run, load_runs
 from dlokit.analysis.table import as_number
@@ -116,3 +118,56 @@ def lr_finder_plot(job_id, runs_dir=None):
         ax.set_ylim(top=min(top, 3 * trials["first_loss"].max()) * 1.05)
     ax.legend(fontsize=7)
     return figure
+
+
+def top1_estimate(job_id, runs_dir=None) -> stats.Estimate:
+    """A run's last validation top-1 as a proportion of its validation images, with its 95 % Wilson interval."""
+    run = load_run(job_id, runs_dir)
+    vals = pd.to_numeric(run.lines("val").get("val_acc", pd.Series(dtype=float)), errors="coerce").dropna()
+    n = as_number(run.config.get("val_images"))
+    if vals.empty or not n:
+        return stats.NO_ESTIMATE
+    return stats.proportion(round(float(vals.iloc[-1]) * n), int(n))
+
+
+def large_batch_lesson(job_ids, runs_dir=None) -> dict:
+    """Does this run show the large-batch lesson of the published table: at the largest batch, LAMB or LARS (the
+    learning rate scaled, a warm-up) above SGD run with the small batch's learning rate and no warm-up?
+
+    Each top-1 is a proportion of the validation images, with its 95 % Wilson interval (dlokit.analysis.stats);
+    the lesson *agrees* when the best of LAMB and LARS lies above the untuned SGD's interval entirely (their
+    intervals do not overlap: a conservative test), *contradicts* when both lie below it, and is *within noise*
+    otherwise. Returns {"outcome", "text", "rows"}; outcome None when a training is missing."""
+    table = optimizer_table(job_ids, runs_dir)
+    if table.empty:
+        return {"outcome": None, "text": "no training among these runs", "rows": []}
+    large = table["global_batch"].max()
+    at_large = table[table["global_batch"] == large]
+
+    def top1(row):
+        return top1_estimate(row.run_id, runs_dir)
+
+    untuned = at_large[(at_large["optimizer"] == "sgd") & (at_large["lr_scaling"].fillna("none") == "none")
+                       & (at_large["warmup_steps"].fillna(0) == 0)]
+    layerwise = at_large[at_large["optimizer"].isin(["lamb", "lars"])]
+    if untuned.empty or layerwise.empty:
+        return {"outcome": None, "text": f"the lesson needs, at batch {large}, untuned SGD and LAMB or LARS", "rows": []}
+    base = top1(next(untuned.itertuples()))
+    others = {row.optimizer: top1(row) for row in layerwise.itertuples()}
+    if not base.usable or not all(e.usable for e in others.values()):
+        return {"outcome": None, "text": "a training of the lesson did not finish (see the table)", "rows": []}
+    best = max(others, key=lambda k: others[k].value)
+    steps = int(untuned["steps"].iloc[0] or 0)
+    words = "; ".join(f"{name.upper()} {e.value:.3f} [{e.low:.3f}–{e.high:.3f}]" for name, e in others.items())
+    if others[best].low > base.high:
+        outcome, verdict = stats.AGREES, f"{best.upper()}'s interval lies above untuned SGD's: this run shows the lesson"
+    elif all(e.high < base.low for e in others.values()):
+        outcome, verdict = stats.CONTRADICTS, ("both lie below untuned SGD's interval: this run contradicts the lesson, "
+                                               f"after {steps} optimizer steps at this batch")
+    else:
+        outcome, verdict = stats.WITHIN_NOISE, (
+            f"the intervals overlap: this run could not show the lesson ({steps} optimizer steps at batch {int(large)}, "
+            f"top-1 over {base.steps} validation images; the published table trained 75 epochs at batch 8192)")
+    text = (f"at global batch {int(large)}: untuned SGD (the small batch's lr, no warm-up) reached top-1 "
+            f"{base.value:.3f} [{base.low:.3f}–{base.high:.3f}], {words} (95 % intervals); {verdict}")
+    return {"outcome": outcome, "text": text, "rows": [base, *others.values()]}

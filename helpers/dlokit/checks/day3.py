@@ -53,7 +53,14 @@ def optimizers(job_ids):
         "optimiser", PASSED, f"every run built the optimiser it asked for ({', '.join(names)})")
     schedule = part("schedule", FAILED, wrong_lr[0]) if wrong_lr else part(
         "schedule", PASSED, "the recorded learning rates follow each schedule")
-    return from_parts([code, schedule], f"{len(runs)} runs built {', '.join(names)} with the schedules asked", details)
+    from dlokit.analysis import stats
+    from dlokit.analysis.large_batch import large_batch_lesson
+
+    shown = large_batch_lesson([r.run_id for r in runs])
+    lesson = None if shown["outcome"] is None else part(
+        "large-batch lesson", PASSED if shown["outcome"] == stats.AGREES else INFO, shown["text"])
+    return from_parts([code, schedule, lesson], f"{len(runs)} runs built {', '.join(names)} with the schedules asked"
+                      + ("; the large-batch lesson shows" if lesson and lesson.status == PASSED else ""), details)
 
 
 @check("TP3.2 LR range test")
