@@ -37,8 +37,35 @@ def test_three_jobs_submitted_together_never_overlap(workspace):
     spans = sorted((interval(i)["start"], interval(i)["end"]) for i in ids)
     assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:])), spans
     first = interval(ids[0])
-    assert first["devices"] == devices.machine_devices()[0] or first["devices"].startswith("gpu")
+    # a measurement holds the whole CPU (every core, each standing for one device), or its GPU
+    assert first["devices"] == ",".join(devices.machine_devices()) or first["devices"].startswith("gpu")
     assert first["run_id"] == ids[0]  # the run folder is named after the kit's own job id
+
+
+def test_jobs_that_measure_accuracy_share_the_machine_and_say_so(workspace):
+    """alone=False: one core each, side by side; a measuring job submitted after them waits for both; the run
+    records say the jobs shared the machine, so the views never take their speed for a measurement."""
+    if len(devices.machine_devices()) < 2 or devices.machine_devices()[0].startswith("gpu"):
+        import pytest
+
+        pytest.skip("needs a CPU-only machine with 2 cores or more")
+    dlokit.use_profile("local")
+    shared = dlokit.gpu_jobs_submitter([f"{JOBS / 'interval.py'} 2.0"] * 2, n_gpu=1, name="shared",
+                                       time_max="00:02:00", alone=False)
+    [alone] = dlokit.gpu_jobs_submitter(f"{JOBS / 'interval.py'} 0.5", n_gpu=1, name="alone", time_max="00:02:00")
+    assert [o.state for o in dlokit.wait(shared + [alone], timeout_s=120)] == ["COMPLETED"] * 3
+    a, b, last = interval(shared[0]), interval(shared[1]), interval(alone)
+    assert a["start"] < b["end"] and b["start"] < a["end"], (a, b)  # they ran at the same time...
+    assert set(a["cpus"]).isdisjoint(b["cpus"]) and len(a["devices"].split(",")) == 1  # ...on a core each
+    assert last["start"] >= max(a["end"], b["end"]) - 0.05  # the measurement waited for both
+    runner = JOBS / "recorded_sleep.py"
+    recorded = dlokit.gpu_jobs_submitter([f"{runner} 1.5"] * 2, n_gpu=1, name="recorded", time_max="00:02:00",
+                                         alone=False)
+    dlokit.wait(recorded, timeout_s=120)
+    from dlokit.analysis import load_run, runs_table
+
+    assert all(load_run(j).info["measurement"]["alone"] is False for j in recorded)
+    assert runs_table(recorded)["overlapped_by"].tolist() == [recorded[1], recorded[0]]
 
 
 def test_each_task_keeps_to_its_share_of_the_cores(workspace):

@@ -1,6 +1,8 @@
 """Measurements run alone: on the local backend a job waits until the devices it needs are free.
 
-A device is one local GPU or, on a machine without GPUs, the whole CPU. Each device is a lock file
+A device is one local GPU or, on a machine without GPUs, one core standing for one (up to 8): a job that
+measures speed takes every core (the whole CPU, so two measurements never share it), a job that measures
+accuracy only (`alone=False`) takes one core per task and may run beside another. Each device is a lock file
 (the `filelock` library: an OS-level flock, which the kernel drops when its holder exits, crashed or
 killed, so a lock can never go stale). Every local job is started through the launcher (dlokit.device_launcher):
 
@@ -38,15 +40,29 @@ def lock_dir() -> Path:
     return path
 
 
+MAX_CPU_DEVICES = 8  # as Profile.node_gpus: at most 8 CPU processes stand for 8 GPUs
+
+
 def machine_devices() -> list[str]:
-    """The lockable devices of this machine, as the notebook process sees them."""
+    """The lockable devices of this machine, as the notebook process sees them: its GPUs, else its cores."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip():
         return [f"gpu{v.strip()}" for v in visible.split(",") if v.strip()]
     import torch
 
     count = torch.cuda.device_count()
-    return [f"gpu{k}" for k in range(count)] if count else ["cpu"]
+    if count:
+        return [f"gpu{k}" for k in range(count)]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return [f"cpu{k}" for k in range(max(1, min(cores, MAX_CPU_DEVICES)))]
+
+
+def devices_needed(among: list[str], tasks: int, alone: bool) -> int:
+    """How many of `among` a job takes: its GPUs (one per task); on the CPU, every core when it measures speed
+    (the whole CPU), one core per task when it only shares the machine."""
+    if among and among[0].startswith("gpu"):
+        return tasks
+    return len(among) if alone else min(tasks, len(among))
 
 
 def _alive(pid: int) -> bool:

@@ -23,8 +23,9 @@ completed or failed from its record, a job that is gone makes the trial FAIL wit
 trials go on until the study has n_trials. Two run_study calls on one study (two notebooks) share the
 work: trials are asked under a lock, so the study never gets more than n_trials.
 
-Speed is not what a study measures: with n_parallel > 1 the local backend still runs the jobs one at a
-time (each waits for the devices), while on Slurm they may run side by side. HPO compares accuracies.
+Speed is not what a study measures: submitted with alone=False, the trials share the machine (on the local
+backend one GPU or one core each, side by side up to n_parallel; on Slurm without --exclusive). HPO
+compares accuracies.
 """
 from __future__ import annotations
 

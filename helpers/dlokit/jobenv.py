@@ -26,7 +26,8 @@ TAG = "DLOKIT_TAG"                  # what the job is for, e.g. "TP1.2" or "race
 CPUS_PER_TASK = "DLOKIT_CPUS_PER_TASK"  # cores this task may use (its device's share)
 
 # written by the local backend's device launcher (dlokit.devices)
-DEVICES = "DLOKIT_DEVICES"          # the devices this job holds: "cpu" or "gpu0,gpu1"
+DEVICES = "DLOKIT_DEVICES"          # the devices this job holds: "cpu0,cpu1" (cores) or "gpu0,gpu1"
+SHARED = "DLOKIT_SHARED"            # "1": the job measures accuracy, not speed, and shares the machine (alone=False)
 LOCK_WAITED_S = "DLOKIT_LOCK_WAITED_S"  # how long the job waited for them
 
 # read by scripts as a default for --data
@@ -89,6 +90,10 @@ def tag() -> str | None:
 def cpus_per_task(env=None) -> int | None:
     value = (os.environ if env is None else env).get(CPUS_PER_TASK, "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def shares_machine(env=None) -> bool:
+    return (os.environ if env is None else env).get(SHARED) == "1"
 
 
 def devices_held() -> list[str]:

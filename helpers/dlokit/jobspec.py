@@ -41,6 +41,7 @@ class JobSpec:
     account: str | None = None
     cpus_per_task: int | None = None
     exclusive: bool = False
+    alone: bool = True  # False: measures accuracy, not speed: may share the machine with other such jobs
     env: dict = field(default_factory=dict)
 
     @classmethod
@@ -197,7 +198,7 @@ def slurm_parameters(spec: JobSpec, profile: Profile, layout: Layout) -> dict:
         value = getattr(spec, key) or getattr(profile, key)
         if value:
             params[key] = str(value)
-    if spec.exclusive or profile.exclusive_measurements:
+    if spec.exclusive or (profile.exclusive_measurements and spec.alone):
         params["exclusive"] = True
     if profile.mem:
         params["mem"] = str(profile.mem).strip()

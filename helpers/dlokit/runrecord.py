@@ -149,6 +149,7 @@ def measurement_context() -> dict:
         "cpus": sorted(cores) if cores is not None else None,
         "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "devices_held": jobenv.devices_held() or None,
+        "alone": not jobenv.shares_machine(),
         "lock_waited_s": jobenv.lock_waited_s(),
     }
     return context

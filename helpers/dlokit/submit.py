@@ -132,8 +132,9 @@ def _pin_to_own_cores(env: dict) -> int | None:
     """On the local backend each task keeps to its device's share of the cores (inherited by the script);
     returns how many it got (None: not pinned).
 
-    Task k of a job on the CPU gets cores [k*c, (k+1)*c); on GPU g it gets the g-th slice, so two
-    jobs on two GPUs never share a core either.
+    Task k gets the slice of cores of the k-th device its job holds: on GPU g the g-th slice, on the CPU
+    (devices cpu0, cpu1... standing for its cores) core k of a job that holds them all, or the core it was
+    given: two jobs on two GPUs, or two jobs sharing the CPU, never share a core.
     """
     held = [d for d in env.get(jobenv.DEVICES, "").split(",") if d]
     cpus = jobenv.cpus_per_task(env)
@@ -141,8 +142,8 @@ def _pin_to_own_cores(env: dict) -> int | None:
         return None
     cores = sorted(os.sched_getaffinity(0))
     local_rank = int(env.get("LOCAL_RANK", "0"))
-    gpu_ids = [d[3:] for d in held if d.startswith("gpu")]
-    slot = int(gpu_ids[local_rank]) if local_rank < len(gpu_ids) and gpu_ids[local_rank].isdigit() else local_rank
+    ids = [d[3:] for d in held if d[:3] in ("gpu", "cpu")]
+    slot = int(ids[local_rank]) if local_rank < len(ids) and ids[local_rank].isdigit() else local_rank
     mine = cores[slot * cpus:(slot + 1) * cpus] or cores[-cpus:]
     os.sched_setaffinity(0, mine)
     return len(mine)
@@ -181,7 +182,7 @@ def _executor(profile: Profile, folder: Path, layout: Layout, spec: JobSpec):
     else:
         folder.mkdir(parents=True, exist_ok=True)
         among = devices.machine_devices()
-        need = 1 if among == ["cpu"] else layout.n_gpu
+        need = devices.devices_needed(among, layout.n_gpu, spec.alone)
         executor = DeviceLockedLocalExecutor(folder, need=need, among=among, name=spec.name,
                                              mem_mb=_local_memory(profile, layout))
         executor.update_parameters(timeout_min=layout.time_seconds / 60, tasks_per_node=layout.tasks_per_node,
@@ -343,7 +344,7 @@ def _have_sbatch() -> bool:
 def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_gpu_per_task=1,
                        time_max="00:10:00", qos=None, partition=None, constraint=None, cpus_per_task=None,
                        exclusive=False, account=None, verbose=True, wait=False, refresh_s=5.0, tag=None,
-                       **ignored) -> list[str]:
+                       alone=True, **ignored) -> list[str]:
     """Submit one job per (command, GPU count) combination; returns the job ids.
 
     Course-compatible signature: `command_or_list` is a command line such as
@@ -351,6 +352,9 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
     A `(command, n_gpu)` pair in the list gives that job its own GPU count instead.
     `wait=True` then shows the live queue of these jobs (dlokit.display_slurm_queue) until they end.
     `tag` (e.g. "TP1.2") is written into each run record and job card: the class report groups runs by it.
+    `alone=False`: the jobs measure accuracy, not speed, and may share the machine (on this machine's CPU one
+    core per task, beside another such job; on a profile with exclusive_measurements, no --exclusive); their
+    run records say so, and the views never count their speed as a measurement.
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
@@ -359,8 +363,8 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
-                                  account=account, cpus_per_task=cpus_per_task, exclusive=exclusive,
-                                  env={jobenv.TAG: str(tag)} if tag else {})
+                                  account=account, cpus_per_task=cpus_per_task, exclusive=exclusive, alone=alone,
+                                  env={**({jobenv.TAG: str(tag)} if tag else {}), **({} if alone else {jobenv.SHARED: "1"})})
              for cmd, gpus in jobs]
     ids = [card.job_id for card in submit(specs, profile, verbose=verbose, ignored=ignored)]
     if wait:

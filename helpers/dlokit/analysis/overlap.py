@@ -2,7 +2,9 @@
 
 Every run record carries when it ran (`measurement.started_unix`, `ended_unix`), on which host,
 cores and GPUs (see dlokit.runrecord.measurement_context). Two runs overlap when they ran at the
-same time on the same host and shared a core or a GPU (unknown cores or GPUs count as shared).
+same time on the same host and shared a core or a GPU (unknown cores or GPUs count as shared), or when
+either was a job that shares the machine (`measurement.alone` false: it measured accuracy, not speed, beside
+other such jobs): the speed of such a run is never a measurement.
 
 Work that is not a course run (another user's program, a test suite beside the notebook) leaves no record,
 but it takes time from the run's cores: foreign_cpu_share compares the cores' busy time over the run
@@ -24,10 +26,13 @@ class Interval:
     end: float
     cpus: frozenset | None
     gpus: frozenset | None
+    shared: bool = False  # a job that shared the machine on purpose (alone=False)
 
     def shares_devices(self, other: "Interval") -> bool:
         if self.host and other.host and self.host != other.host:
             return False
+        if self.shared or other.shared:
+            return True
         if self.gpus and other.gpus:
             return bool(self.gpus & other.gpus)
         if self.cpus is None or other.cpus is None:
@@ -45,7 +50,7 @@ def _gpu_set(value) -> frozenset | None:
 
 def interval(run: Run) -> Interval | None:
     """When and where the run measured, over all its ranks; None for records without the evidence."""
-    starts, ends, cpus, gpus, host = [], [], set(), set(), None
+    starts, ends, cpus, gpus, host, shared = [], [], set(), set(), None, False
     for record in run.ranks.values():
         context = (record["run"] or {}).get("measurement") or {}
         if not isinstance(context, dict) or context.get("started_unix") is None:
@@ -56,11 +61,12 @@ def interval(run: Run) -> Interval | None:
                    default=0.0)
         ends.append(float(summary.get("ended_unix") or starts[-1] + last))
         host = host or context.get("host")
+        shared = shared or context.get("alone") is False
         cpus.update(context.get("cpus") or [])
         gpus.update(_gpu_set(context.get("gpus_visible")) or [])
     if not starts:
         return None
-    return Interval(run.run_id, host, min(starts), max(ends), frozenset(cpus) or None, frozenset(gpus) or None)
+    return Interval(run.run_id, host, min(starts), max(ends), frozenset(cpus) or None, frozenset(gpus) or None, shared)
 
 
 def overlapping(runs, runs_dir=None, among=None) -> dict[str, list[str]]:
