@@ -32,7 +32,6 @@ from parallel_cp import ContextParallel, context_parallel_region
 from parallel_ddp import parallelize_ddp
 from parallel_dims import ParallelDims
 from parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
-from parallel_pp import Pipeline, merged_view
 from parallel_tp_dtensor import parallelize_tp
 from parallel_tp_scratch import parallelize_tp_scratch
 from timing import SectionTimer
@@ -53,7 +52,7 @@ class Parallel:
     tp_group: object = None                # grad norm: parameters split by hand over it (tp-scratch)
     pp_group: object = None                # grad norm: stages hold disjoint parameters
     split_mesh: DeviceMesh | None = None   # checkpoint: the mesh tp_shard_dim parameters are split over
-    pipeline: Pipeline | None = None
+    pipeline: "Pipeline | None" = None  # parallel_pp.Pipeline
     comm: SectionTimer | None = None       # time in the collectives this code issues itself (tp-scratch)
     fsdp_casts: bool = False               # FSDP computes in --dtype itself (no autocast then)
     fsdp_reduce_op: str | None = None      # how FSDP averages gradients: "avg" or "sum" (then divides)
@@ -80,6 +79,8 @@ def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device
 
 
 def apply_pipeline(parallel, model, mesh, args, device):
+    from parallel_pp import Pipeline, merged_view  # torch.distributed.pipelining: a second to import, pp only
+
     group = mesh.get_group("pp")
     virtual = args.pp_virtual if args.pp_schedule == "interleaved" else 1
     microbatches = 1 if args.pp_schedule == "naive" else args.microbatches

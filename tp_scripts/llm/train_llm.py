@@ -43,7 +43,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dlokit import rank as dlorank
 from dlokit.measure import EnergyMeter, StepTimer, peak_gpu_memory_mb, peak_rss_mb
@@ -302,6 +301,8 @@ def build_optimizer(args, modules, dims, dp_group):
     params = [p for module in modules for p in module.parameters()]
     adamw = {"lr": args.lr, "weight_decay": args.weight_decay, "betas": (0.9, 0.95)}
     if dims.zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # a second to import: only where it is used
+
         # TODO TP4.1: ZeRO-1: each replica keeps the AdamW states (2 x 4 bytes a weight) of its share of the weights only
         return torch.optim.AdamW(params, **adamw)
     return torch.optim.AdamW(params, **adamw)
@@ -310,7 +311,7 @@ def build_optimizer(args, modules, dims, dp_group):
 def checkpointed(optimizer):
     """What the checkpoint saves of the optimizer: ZeRO-1's own partition (its inner AdamW), under the
     weights' full names; DCP puts the partitions of every rank together."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if type(optimizer).__name__ == "ZeroRedundancyOptimizer" else optimizer
 
 
 def resume(run) -> int:

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dlokit import rank as dlorank
 from dlokit.measure import EnergyMeter, StepTimer, peak_gpu_memory_mb, peak_rss_mb
@@ -293,6 +292,8 @@ def build_optimizer(args, modules, dims, dp_group):
     params = [p for module in modules for p in module.parameters()]
     adamw = {"lr": args.lr, "weight_decay": args.weight_decay, "betas": (0.9, 0.95)}
     if dims.zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # a second to import: only where it is used
+
         # >>> SOLUTION TP4.1: ZeRO-1: each replica keeps the AdamW states (2 x 4 bytes a weight) of its share of the weights only
         # ZeroRedundancyOptimizer gives each rank a partition of the parameters; after the all-reduced
         # gradients, each rank updates its partition and broadcasts the new weights to the others.
@@ -306,7 +307,7 @@ def build_optimizer(args, modules, dims, dp_group):
 def checkpointed(optimizer):
     """What the checkpoint saves of the optimizer: ZeRO-1's own partition (its inner AdamW), under the
     weights' full names; DCP puts the partitions of every rank together."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if type(optimizer).__name__ == "ZeroRedundancyOptimizer" else optimizer
 
 
 def resume(run) -> int:
