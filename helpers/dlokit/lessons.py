@@ -14,12 +14,14 @@ above a check and the check's speed part never disagree.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 
 from dlokit.analysis import stats
 from dlokit.analysis.stats import AGREES, CONTRADICTS, WITHIN_NOISE, Estimate
 
 NOT_APPLICABLE, NO_MEASUREMENT = "not applicable", "no measurement"
+MIME = "application/vnd.dlokit.verdict+json"  # what a saved notebook keeps of a verdict, machine-readable
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,14 @@ class Verdict:
     def __str__(self) -> str:
         return self.text
 
-    def _repr_markdown_(self) -> str:
-        return f"> {html.escape(self.text)}"
+    def as_json(self) -> dict:
+        e = self.estimate
+        numbers = {"ratio": e.value, "low": e.low, "high": e.high}
+        return {"effect": self.effect, "what": self.what, "outcome": self.outcome, "on_gpu": self.on_gpu,
+                **{k: v if math.isfinite(v) else None for k, v in numbers.items()}, "runs": e.runs, "basis": e.basis}
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {"text/markdown": f"> {html.escape(self.text)}", "text/plain": self.text, MIME: self.as_json()}
 
 
 def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str) -> Verdict:
