@@ -122,7 +122,10 @@ print("DLOKIT_PROBE " + json.dumps({
     "read_formats": sorted(analysis.read_table(read_job[0])["format"].unique()),
     "trials": trials["state"].tolist(),
     "tensorboard_files": len(events),
-    "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
+    # the trainings share the machine on purpose (alone=False): only the measurements must have been alone
+    "overlapped": [r for r in analysis.runs_table([j for j in day.submitted if (analysis.load_run(j).info.get(
+        "measurement") or {}).get("alone", True)])["overlapped_by"] if r],
+    "shared": sum((analysis.load_run(j).info.get("measurement") or {}).get("alone") is False for j in day.submitted),
 }))
 """
 STUDENT_PROBE = """
@@ -225,6 +228,7 @@ def check_day3(results, probe, profile):
     assert set(probe["optimizer_classes"]) == {"SGD", "Lamb"}
     assert probe["lr_trials"] >= 3 and probe["read_formats"] == ["folder", "raw", "webdataset"]
     assert probe["trials"] == ["COMPLETE", "COMPLETE"] and probe["tensorboard_files"] == 1
+    assert probe["shared"] >= len(DAY3_TINY["OPTIMIZERS"]) + 2  # TP3.1's trainings said they shared the machine
 
 
 @pytest.mark.slow

@@ -79,13 +79,19 @@ def main(argv=None) -> int:
         f"{' (DDP)' if env.world_size > 1 else ''} | variants {', '.join(variants)}")
     if compiler_problem:
         say(f"compile variants skipped: {compiler_problem}")
+    startup = None
+    if args.fresh_cache and not compiler_problem and any(v.startswith("compile-") or v == "numpy-compile"
+                                                         for v in variants):
+        startup = compiler_startup(device)
+        say(f"the compiler's one-off start-up (its modules, its first C++ build): {startup:.1f} s, paid before "
+            "the variants, so that none of them pays it")
     results = []
     if "model" in args.parts:
         results += bench_model(args, variants, device, env.world_size, compiler_problem, record, say)
     if "function" in args.parts:
         results += bench_function(args, variants, device, compiler_problem, record, say)
     record.finish(results=results, compile_unavailable=compiler_problem, inductor_cache_dir=inductor_cache_dir(),
-                  world_size=env.world_size, ddp=env.world_size > 1)
+                  world_size=env.world_size, ddp=env.world_size > 1, compiler_startup_s=startup)
     job.destroy_process_group()
     return 0
 
@@ -176,6 +182,17 @@ def use_fresh_cache() -> None:
 
 
 # ---- the variants ----------------------------------------------------------------------------------
+
+def compiler_startup(device) -> float:
+    """Compile and run a one-line function once, untimed by the variants: Dynamo's and Inductor's modules load,
+    the C++ (or Triton) toolchain starts, whatever the first compiled variant would otherwise pay alone.
+    Returns the seconds it took."""
+    started = time.perf_counter()
+    use_fresh_cache()
+    torch.compile(lambda x: torch.relu(x) + 1)(torch.ones(8, device=device))
+    torch._dynamo.reset()
+    return time.perf_counter() - started
+
 
 def compile_with(fn, mode: str):
     """torch.compile a module or a function: Dynamo captures its graph on the first call, Inductor fuses the

@@ -56,17 +56,25 @@ def compile_plot(job_id, runs_dir=None):
     if done.empty:
         return message_figure([load_run(job_id, runs_dir).describe_state()], title="compilation")
     parts = list(dict.fromkeys(done["part"]))
+    lines = load_run(job_id, runs_dir).lines("compile_result")
     figure, axes = new_figure(1, len(parts), size=(6 * len(parts), 3.8))
     for ax, part in zip(axes[0], parts):
         rows = done[done["part"] == part]
         ms = 1000 * rows["t_step"].astype(float)
-        bars = ax.barh(rows["variant"], ms, color=["tab:grey" if v == "eager" else "tab:blue" for v in rows["variant"]])
+        spread = [[], []]
+        for variant, median in zip(rows["variant"], ms):  # each variant's timed calls: a 95 % interval of the median
+            mine = lines[(lines["part"] == part) & (lines["variant"] == variant)]
+            e = stats.estimate_of_samples([_timed(mine.iloc[0])]) if len(mine) else stats.NO_ESTIMATE
+            spread[0].append(max(0.0, median - 1000 * e.low) if e.usable else 0.0)
+            spread[1].append(max(0.0, 1000 * e.high - median) if e.usable else 0.0)
+        bars = ax.barh(rows["variant"], ms, xerr=spread, capsize=3,
+                       color=["tab:grey" if v == "eager" else "tab:blue" for v in rows["variant"]])
         for bar, compile_s in zip(bars, rows["t_compile"]):
             if pd.notna(compile_s) and compile_s > 0:
                 ax.annotate(f" compile {compile_s:.1f} s", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                             va="center", fontsize=7)
         ax.invert_yaxis()
-        ax.set(xlabel="ms per call (median, after warm-up)", title=f"{part}: steady state; compile time written")
+        ax.set(xlabel="ms per call (median after warm-up, 95 % interval)", title=f"{part}: steady state; compile time written")
     skipped = table[table["status"] != "ok"] if "status" in table else table.iloc[0:0]
     notes = [f"{r.part}/{r.variant}: {r.status} ({r.reason})" for r in skipped.itertuples()]
     caches = set(done["cache"].dropna()) if "cache" in done else set()
