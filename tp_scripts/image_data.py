@@ -129,3 +129,28 @@ class ResumableSampler(Sampler):
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.skip)
+
+
+def worker_start(world_size: int, num_workers: int) -> dict:
+    """How the DataLoader starts its worker processes: {} (fork, PyTorch's default) for one process, a forkserver
+    for the ranks of a multi-process job.
+
+    A rank of a job holds threads that are not Python's: the process group's (gloo, NCCL) call into Python now and
+    then, to free the tensors of a finished collective, and do so by creating a Python thread state, under the
+    interpreter's runtime lock. Python 3.11 before 3.11.10 keeps that lock in a child forked at that moment, and
+    the child deadlocks before its first line (CPython issue gh-112275): the DataLoader waits for that worker
+    forever. It hung Day 2's 2-rank training at its first validation, right after the epoch's all-reduce
+    (2026-11-25; the stuck worker's stack: os.fork -> PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept).
+    A forkserver forks the workers from a process of its own, which has no such thread; it starts once per rank
+    and imports this script's modules (a few seconds, while the rank builds its model)."""
+    if world_size <= 1 or num_workers <= 0:
+        return {}
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    # The server imports these once; each worker forked from it has them. Never the job's __main__ (the
+    # default): a script without a __name__ guard would run again in the server.
+    context.set_forkserver_preload(["torch", "torchvision", "image_data", "storage_formats", "webdataset_stream"])
+    forkserver.ensure_running()  # started now, while the rank builds its model
+    return {"multiprocessing_context": context}

@@ -319,16 +319,16 @@ class Instrument:
         note = read_stop_note()
         if note is None or note.get("rank") == self.rank:
             raise error
-        return self.stop_for(note, leave_now=False)
+        return self.stop_for(note, exit_process=False)
 
-    def stop_for(self, note: dict, *, leave_now: bool) -> int:
-        """Another rank stopped early (its note): finish this rank's record with that cause. leave_now: called
+    def stop_for(self, note: dict, *, exit_process: bool) -> int:
+        """Another rank stopped early (its note): finish this rank's record with that cause. exit_process: called
         by the watching thread while the main thread may wait forever in a collective: exit the process."""
         status = note.get("status", "failed")
         code = note.get("exit_code", STOPPED_EXIT_CODE)
         reason = f"rank {note.get('rank')} {note.get('reason', 'stopped')}; rank {self.rank} stopped at step {self.step}"
         if not self._claim_end():
-            if leave_now:
+            if exit_process:
                 return code  # the main thread is already ending this rank its own way
         else:
             print(f"train_classifier.py: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
@@ -336,10 +336,8 @@ class Instrument:
             self.record.finish(status=status, error=reason, stopped_by_rank=note.get("rank"),
                                oom=bool(note.get("oom")), **self._early_summary())
             acknowledge_stop_note(note)
-        if leave_now:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        if exit_process:
+            leave_now(code)
         self._restore_signals()
         self.stop_watching(wait=False)
         abort_process_group(self.device)
@@ -541,7 +539,7 @@ class RankWatch:
                 if store.check([_stop_key()]):
                     note = json.loads(store.get(_stop_key()))
                     if note.get("rank") != self.ins.rank and not self._quit.is_set():
-                        self.ins.stop_for(note, leave_now=True)
+                        self.ins.stop_for(note, exit_process=True)
                     return
                 self._publish(store)
                 reason = self._stuck(store)
@@ -602,7 +600,20 @@ def leave_now(code: int) -> None:
     them aborts the process (SIGABRT, "terminate called without an active exception")."""
     sys.stdout.flush()
     sys.stderr.flush()
+    end_children()
     os._exit(code)
+
+
+def end_children() -> None:
+    """Kill this process's children (DataLoader workers, their forkserver). A child left behind keeps the
+    process's stdout, stderr and open sockets (the process group's store): the job would not end while it lives."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def abort_process_group(device) -> None:

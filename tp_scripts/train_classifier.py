@@ -49,7 +49,7 @@ from dlokit.runrecord import shared_run_id
 # The shared modules live in tp_scripts/: beside your copy of this script, one folder up from the solution.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
-from image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform
+from image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform, worker_start
 from instrument import Instrument, leave_now
 from storage_formats import open_image_data, read_manifest
 from tracking import start_tracking, stop_tracking
@@ -202,33 +202,36 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     non_blocking = False
     # TODO TP2.1: prepare batches in worker processes, in pinned memory, ahead of time
     loader_options = dict(num_workers=0)  # every option off: the training loop decodes each image itself
+    # a worker that stops answering ends the run with that cause instead of hanging it; the workers of a rank
+    # start from a forkserver (image_data.worker_start says why)
+    workers = dict(timeout=LOADER_TIMEOUT_S, **worker_start(world_size, args.num_workers)) \
+        if loader_options.get("num_workers") else {}
     if args.data_format == "webdataset":  # a stream of tar shards, no sampler: each rank and worker reads its own
-        return shard_data(args, rank, world_size, randaugment, loader_options, non_blocking)
+        return shard_data(args, rank, world_size, randaugment, loader_options, workers, non_blocking)
     train_set, val_set, classes = open_image_data(args.data, args.data_format, args.image_size, randaugment)
     # TODO TP2.2: each rank reads its own shard of the data set (set_epoch reshuffles it)
     shard_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     sampler = ResumableSampler(shard_sampler)
     # A last batch of one image would break BatchNorm ("expected more than 1 value per channel").
     drop_last = args.drop_last or len(shard_sampler) % args.batch_size == 1
-    # a worker that stops answering ends the run with that cause instead of hanging it
-    timeout = LOADER_TIMEOUT_S if loader_options.get("num_workers") else 0
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=drop_last,
-                              generator=torch.Generator().manual_seed(args.seed), timeout=timeout, **loader_options)
+                              generator=torch.Generator().manual_seed(args.seed), **workers, **loader_options)
     val_loader = None
     if val_set is not None and not args.test:
         my_share = Subset(val_set, range(rank, len(val_set), world_size))  # no padding: exact accuracy
-        val_loader = DataLoader(my_share, batch_size=args.batch_size, timeout=timeout, **loader_options)
+        val_loader = DataLoader(my_share, batch_size=args.batch_size, **workers, **loader_options)
     return Data(train_loader, sampler, shard_sampler, val_loader, len(classes), len(train_set),
                 len(val_set) if val_loader is not None else None, loader_options, non_blocking,
                 build_mixer(args, len(classes)))
 
 
-def shard_data(args, rank: int, world_size: int, randaugment: bool, loader_options: dict, non_blocking: bool) -> Data:
+def shard_data(args, rank: int, world_size: int, randaugment: bool, loader_options: dict, workers: dict,
+               non_blocking: bool) -> Data:
     """--data-format webdataset: shards split by rank, then by DataLoader worker (webdataset_stream.py)."""
     stream, split, val_loader, classes, train_size = shard_loaders(
         args.data, train_transform(args.image_size, randaugment), val_transform(args.image_size),
-        batch_size=args.batch_size, rank=rank, world_size=world_size, seed=args.seed, loader_options=loader_options,
-        validation=not args.test)
+        batch_size=args.batch_size, rank=rank, world_size=world_size, seed=args.seed,
+        loader_options={**workers, **loader_options}, validation=not args.test)
     val_size = read_manifest(args.data)["splits"].get("val", {}).get("count") if val_loader is not None else None
     return Data(stream, stream, split, val_loader, len(classes), train_size, val_size, loader_options, non_blocking,
                 build_mixer(args, len(classes)))

@@ -13,15 +13,6 @@ import train_classifier  # noqa: E402
 
 import instrument  # noqa: E402  (beside the solution's folder, as train_classifier imports it)
 
-argv = sys.argv[1:]
-stuck_rank = int(argv[argv.index("--stuck-rank") + 1])
-frozen = "--frozen" in argv
-if "--stall-s" in argv:
-    instrument.STALL_S = float(argv[argv.index("--stall-s") + 1])
-ours = ("--stuck-rank", "--stall-s")
-argv = [a for i, a in enumerate(argv) if a not in (*ours, "--frozen") and (i == 0 or argv[i - 1] not in ours)]
-evaluate = train_classifier.evaluate
-
 
 def stuck_evaluate(*args, **kwargs):
     if int(os.environ.get("RANK", "0")) == stuck_rank:
@@ -32,5 +23,14 @@ def stuck_evaluate(*args, **kwargs):
     return evaluate(*args, **kwargs)
 
 
-train_classifier.evaluate = stuck_evaluate
-sys.exit(train_classifier.main(argv))
+if __name__ == "__main__":  # the ranks' DataLoader workers import this file too (a forkserver's children do)
+    argv = sys.argv[1:]
+    stuck_rank = int(argv[argv.index("--stuck-rank") + 1])
+    frozen = "--frozen" in argv
+    if "--stall-s" in argv:
+        instrument.STALL_S = float(argv[argv.index("--stall-s") + 1])
+    ours = ("--stuck-rank", "--stall-s")
+    argv = [a for i, a in enumerate(argv) if a not in (*ours, "--frozen") and (i == 0 or argv[i - 1] not in ours)]
+    evaluate = train_classifier.evaluate
+    train_classifier.evaluate = stuck_evaluate
+    sys.exit(train_classifier.main(argv))
