@@ -343,8 +343,10 @@ def result_unknown(card: JobCard, elapsed: str = "") -> Outcome | None:
 def _tasks_failed_first(card: JobCard) -> list[int]:
     """The job's tasks, those that ended with an error code first: their logs hold the cause; a task stopped
     after another one failed (its log may hold only the stack dump of a SIGABRT) comes after."""
-    failed = [task for task in range(card.tasks) if _task_returncode(card, task) not in (None, 0)]
-    return failed + [task for task in range(card.tasks) if task not in failed]
+    codes = {task: _task_returncode(card, task) for task in range(card.tasks)}
+    exited = [task for task, code in codes.items() if isinstance(code, int) and code > 0]
+    killed = [task for task, code in codes.items() if isinstance(code, int) and code < 0]  # by a signal
+    return exited + killed + [task for task in codes if task not in exited + killed]
 
 
 def _task_returncode(card: JobCard, task: int):
@@ -372,6 +374,8 @@ OUT_OF_MEMORY_SIGNS = MEMORY_ERRORS + ("Cannot allocate memory", "can't allocate
                                        "Exceeded job memory limit", "Exceeded step memory limit")
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "the disk is full")
 ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
+# the thread stacks Python's faulthandler writes (a stuck job's ranks write them before their message)
+FAULTHANDLER_LINE = re.compile(r"^(Thread 0x|Current thread 0x|  File \"|Extension modules: |Fatal Python error: )")
 
 
 def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
@@ -480,7 +484,9 @@ def _script_error(card: JobCard) -> str:
         script_part = text.split("submitit ERROR (")[0]  # what the script printed, before submitit's report
         if not script_part.strip() or "Traceback" in script_part:
             continue
-        lines = [line for line in script_part.splitlines() if line.strip()]
+        lines = [line for line in script_part.splitlines() if line.strip() and not FAULTHANDLER_LINE.match(line)]
+        if not lines:
+            continue
         errors = [i for i, line in enumerate(lines) if ARGPARSE_ERROR.match(line)]
         return "\n".join(lines[errors[-1]:] if errors else lines[-3:])
     return ""
