@@ -26,12 +26,21 @@ def memory_table(runs, runs_dir=None, memory: str = "auto") -> pd.DataFrame:
 
 
 def memory_fit(table: pd.DataFrame) -> dict | None:
-    """Least-squares line through completed runs: {'model_mb', 'activation_mb_per_sample'}."""
+    """Least-squares line through completed runs (scipy.stats.linregress): {'model_mb', 'activation_mb_per_sample',
+    'slope_low', 'slope_high'}, the slope's 95 % interval from its standard error (none with two points), and
+    'slope_shown': False when that interval contains 0 — the peaks' noise drowns the activations (host memory
+    holds the interpreter and the libraries too, and moves by tens of MiB from run to run)."""
+    from scipy import stats as scipy_stats
+
     ok = table[(table["state"] == COMPLETED) & ~table["oom"]].dropna(subset=["batch_size", "peak_mb"])
     if ok["batch_size"].nunique() < 2:
         return None
-    slope, intercept = np.polyfit(ok["batch_size"].astype(float), ok["peak_mb"].astype(float), 1)
-    return {"model_mb": float(intercept), "activation_mb_per_sample": float(slope)}
+    fit = scipy_stats.linregress(ok["batch_size"].astype(float), ok["peak_mb"].astype(float))
+    dof = len(ok) - 2
+    half = scipy_stats.t.ppf(0.975, dof) * fit.stderr if dof > 0 else float("nan")
+    low, high = fit.slope - half, fit.slope + half
+    return {"model_mb": float(fit.intercept), "activation_mb_per_sample": float(fit.slope), "slope_low": float(low),
+            "slope_high": float(high), "slope_shown": bool(dof > 0 and low > 0)}
 
 
 def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
@@ -49,8 +58,10 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
     fit = memory_fit(table)
     if fit:
         xs = np.linspace(0, max(table["batch_size"].dropna().max(), 1), 50)
+        slope = (f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] MiB/sample"
+                 if np.isfinite(fit["slope_low"]) else f"{fit['activation_mb_per_sample']:.2f} MiB/sample")
         ax.plot(xs, fit["model_mb"] + fit["activation_mb_per_sample"] * xs, "--", color="tab:gray",
-                label=f"fit: {fit['model_mb']:.0f} MiB + {fit['activation_mb_per_sample']:.2f} MiB/sample")
+                label=f"fit: {fit['model_mb']:.0f} MiB + {slope}" + ("" if fit["slope_shown"] else " (within noise)"))
     if not ooms.empty:
         top = measured["peak_mb"].max() if not measured.empty else 0.0
         ys = [fit["model_mb"] + fit["activation_mb_per_sample"] * b if fit else top for b in ooms["batch_size"]]
@@ -118,6 +129,7 @@ def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_train"):
                 (chosen["batch_size"], chosen[metric]), fontsize=8, xytext=(5, -22), textcoords="offset points")
     ax.set(xlabel="batch size (per GPU)", ylabel="images / s", title="throughput vs batch size", xscale="log")
     ax.set_xticks(speeds["batch_size"], [str(int(b)) for b in speeds["batch_size"]])
+    ax.minorticks_off()
     ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure
