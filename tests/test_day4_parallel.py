@@ -120,11 +120,18 @@ def reference(runs):
     return runs.tmp, steps(runs.tmp, "single")
 
 
+# Step 6's gradient is large (norm 2.6 at step 5, 5.4 at step 6: the loss meets text it has not fit yet) and
+# sensitive: weights that agree to 1e-7 (fp32 summed in another order) give norms 2.3e-5 apart there. A wrong
+# gradient (not averaged, a shard missed) is off by tens of percent.
+GRAD_NORM_REL = 1e-4
+
+
 def assert_same_run(expected, got, rel=2e-4):
     assert [r["step"] for r in got] == [r["step"] for r in expected]
     for e, g in zip(expected, got):
         assert g["loss"] == pytest.approx(e["loss"], rel=rel), (e["step"], e["loss"], g["loss"])
-        assert g["grad_norm"] == pytest.approx(e["grad_norm"], rel=rel), (e["step"], e["grad_norm"], g["grad_norm"])
+        assert g["grad_norm"] == pytest.approx(e["grad_norm"], rel=max(rel, GRAD_NORM_REL)), \
+            (e["step"], e["grad_norm"], g["grad_norm"])
 
 
 # ---- every parallelism computes the single process's numbers ----
@@ -180,7 +187,7 @@ def test_meta_init_draws_the_same_weights_as_a_whole_build(runs, reference):
     tmp, expected = reference
     runs.get("fsdp-meta-init")
     got = steps(tmp, "fsdp-meta-init")
-    assert_same_run(expected[:1], got[:1], rel=1e-6)  # the same weights: the same first step
+    assert_same_run(expected[:1], got[:1], rel=1e-6)  # the same weights: the same first loss
     assert_same_run(expected, got, rel=2e-5)           # then fp32 reordering grows a little with each step
 
 
