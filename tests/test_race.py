@@ -236,6 +236,29 @@ def test_two_ranks_stop_at_the_same_step_when_one_is_signalled(tmp_path, tiny):
     assert saved["step"] == steps[0] and (tmp_path / "pair" / "checkpoint.pt").is_file()
 
 
+@pytest.mark.slow
+def test_a_warning_to_every_process_of_the_step_checkpoints_ranks_with_data_workers(tmp_path, tiny):
+    """Slurm's --signal reaches every process of the step: the ranks, their DataLoader workers, and the forkserver
+    the workers of a multi-rank job start from (image_data.worker_start). Only the ranks act on it: a worker
+    killed by the warning would fail the epoch instead of the checkpoint."""
+    import psutil
+
+    process = script(tmp_path, "pair", "--data", tiny, "--epochs", 3, "--checkpoint-on-signal", "--num-workers", 1,
+                     "--persistent-workers", nproc=2)
+    wait_for_validation(tmp_path / "pair" / "rank1" / "metrics.jsonl", process)
+    ranks = [psutil.Process(int(pid)) for pid in
+             subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()]
+    step = [p for rank in ranks for p in [rank, *rank.children(recursive=True)]]
+    assert any("multiprocessing.forkserver" in " ".join(p.cmdline()) for p in step), [p.cmdline() for p in step]
+    for member in step:
+        member.send_signal(signal.SIGUSR2)
+    code, out = finish(process)
+    assert code != 0 and "checkpointed on SIGUSR2" in out, out[-6000:]
+    run = load_run("pair", tmp_path)
+    assert [r["summary"]["status"] for r in run.ranks.values()] == ["checkpointed"] * 2
+    assert (tmp_path / "pair" / "checkpoint.pt").is_file()
+
+
 def race_day(nickname: str, profile: str, tiny: Path) -> dlokit.Day:
     return dlokit.setup_day(nickname, profile, str(SCRIPT.parent), data=str(tiny), image_size=32, batch_size=8,
                             refresh_s=1, verbose=False)

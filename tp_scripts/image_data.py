@@ -141,16 +141,25 @@ def worker_start(world_size: int, num_workers: int) -> dict:
     the child deadlocks before its first line (CPython issue gh-112275): the DataLoader waits for that worker
     forever. It hung Day 2's 2-rank training at its first validation, right after the epoch's all-reduce
     (2026-11-25; the stuck worker's stack: os.fork -> PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept).
-    A forkserver forks the workers from a process of its own, which has no such thread; it starts once per rank
-    and imports this script's modules (a few seconds, while the rank builds its model)."""
+    A forkserver forks the workers from a process of its own, which has no such thread. It starts once per rank and
+    imports torch and torchvision (a few seconds of one core, while the rank builds its model); each worker then
+    imports this script's small data modules itself (CPython 3.11's forkserver does not take the rank's sys.path).
+    It ignores SIGUSR1/SIGUSR2, as its workers do: Slurm's `--signal` warning goes to every process of the step, and
+    only the rank acts on it (--checkpoint-on-signal); a worker killed by it would fail the epoch."""
     if world_size <= 1 or num_workers <= 0:
         return {}
     import multiprocessing
+    import signal
     from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
-    # The server imports these once; each worker forked from it has them. Never the job's __main__ (the
-    # default): a script without a __name__ guard would run again in the server.
-    context.set_forkserver_preload(["torch", "torchvision", "image_data", "storage_formats", "webdataset_stream"])
-    forkserver.ensure_running()  # started now, while the rank builds its model
+    # Never the job's __main__ (the default): a script without a __name__ guard would run again in the server.
+    context.set_forkserver_preload(["torch", "torchvision"])
+    warnings = (signal.SIGUSR1, signal.SIGUSR2)
+    kept = {signum: signal.signal(signum, signal.SIG_IGN) for signum in warnings}  # an ignored signal stays so in exec
+    try:
+        forkserver.ensure_running()  # started now, while the rank builds its model
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
     return {"multiprocessing_context": context}

@@ -598,21 +598,34 @@ def leave_now(code: int) -> None:
     """End the process with `code` once its records are written, skipping the interpreter's teardown:
     after an aborted process group gloo's threads may still be alive, and tearing Python down under
     them aborts the process (SIGABRT, "terminate called without an active exception")."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    end_children()
-    os._exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        end_data_workers()
+    finally:
+        os._exit(code)
 
 
-def end_children() -> None:
-    """Kill this process's children (DataLoader workers, their forkserver). A child left behind keeps the
-    process's stdout, stderr and open sockets (the process group's store): the job would not end while it lives."""
+def end_data_workers() -> None:
+    """Kill the DataLoader's worker processes and their forkserver (image_data.worker_start). One left behind keeps
+    the process's stdout, stderr and open sockets (the process group's store): the job would not end while it
+    lives. Other children are left alone: a tracker's service finishes its own records."""
+    import multiprocessing
+
     import psutil
 
-    for child in psutil.Process().children(recursive=True):
+    doomed = []
+    for child in psutil.Process().children():
         try:
-            child.kill()
-        except psutil.NoSuchProcess:
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                doomed += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            pass
+    doomed += [worker for worker in multiprocessing.active_children()]  # workers forked by the rank itself
+    for process in doomed:
+        try:
+            process.kill()
+        except (psutil.Error, OSError, ValueError):  # ended already
             pass
 
 

@@ -375,7 +375,8 @@ OUT_OF_MEMORY_SIGNS = MEMORY_ERRORS + ("Cannot allocate memory", "can't allocate
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "the disk is full")
 ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
 # the thread stacks Python's faulthandler writes (a stuck job's ranks write them before their message)
-FAULTHANDLER_LINE = re.compile(r"^(Thread 0x|Current thread 0x|  File \"|Extension modules: |Fatal Python error: )")
+FAULTHANDLER_LINE = re.compile(
+    r"^(Thread 0x|Current thread 0x|  File \"|  <no Python frame>|  \.\.\.$|Extension modules: |Fatal Python error: )")
 
 
 def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
