@@ -1,5 +1,6 @@
 """Analysis helpers on real run records (written by RunRecorder) and a real torch.profiler trace."""
 import json
+import math
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -199,6 +200,14 @@ def test_memory_vs_batch_fit_and_oom(runs_dir):
     oom = line(figure, label="out of memory")
     assert list(oom.get_xdata()) == [256] and oom.get_ydata()[0] == pytest.approx(1768.0)
     assert "run 1006: running or killed" in figure_texts(figure)
+
+
+def test_memory_fit_through_two_points_has_no_interval_and_shows_nothing(runs_dir):
+    table = analysis.memory_table(analysis.load_runs(None, runs_dir))
+    fits = table[(table["state"] == "completed") & ~table["oom"]].dropna(subset=["batch_size", "peak_mb"])
+    fit = analysis.memory_fit(fits.head(2))
+    assert fit["points"] == 2 and fit["slope_shown"] is False and math.isnan(fit["slope_low"])
+    assert analysis.memory_fit(table)["slope_shown"] is True  # three points on a line: an interval above 0
 
 
 def test_dataloader_trials_sorted_by_load_time(loader_runs):

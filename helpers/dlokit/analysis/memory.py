@@ -27,8 +27,8 @@ def memory_table(runs, runs_dir=None, memory: str = "auto") -> pd.DataFrame:
 
 def memory_fit(table: pd.DataFrame) -> dict | None:
     """Least-squares line through completed runs (scipy.stats.linregress): {'model_mb', 'activation_mb_per_sample',
-    'slope_low', 'slope_high'}, the slope's 95 % interval from its standard error (none with two points), and
-    'slope_shown': False when that interval contains 0 — the peaks' noise drowns the activations (host memory
+    'slope_low', 'slope_high', 'points'}, the slope's 95 % interval from its standard error (NaN with two points:
+    a line through two points has none), and 'slope_shown': False when that interval contains 0 or is missing — the peaks' noise drowns the activations (host memory
     holds the interpreter and the libraries too, and moves by tens of MiB from run to run)."""
     from scipy import stats as scipy_stats
 
@@ -40,7 +40,7 @@ def memory_fit(table: pd.DataFrame) -> dict | None:
     half = scipy_stats.t.ppf(0.975, dof) * fit.stderr if dof > 0 else float("nan")
     low, high = fit.slope - half, fit.slope + half
     return {"model_mb": float(fit.intercept), "activation_mb_per_sample": float(fit.slope), "slope_low": float(low),
-            "slope_high": float(high), "slope_shown": bool(dof > 0 and low > 0)}
+            "slope_high": float(high), "points": len(ok), "slope_shown": bool(dof > 0 and low > 0)}
 
 
 def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
@@ -61,7 +61,8 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
         slope = (f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] MiB/sample"
                  if np.isfinite(fit["slope_low"]) else f"{fit['activation_mb_per_sample']:.2f} MiB/sample")
         ax.plot(xs, fit["model_mb"] + fit["activation_mb_per_sample"] * xs, "--", color="tab:gray",
-                label=f"fit: {fit['model_mb']:.0f} MiB + {slope}" + ("" if fit["slope_shown"] else " (within noise)"))
+                label=f"fit: {fit['model_mb']:.0f} MiB + {slope}" + ("" if fit["slope_shown"] else " (two points: no interval)"
+                                                              if fit["points"] < 3 else " (within noise)"))
     if not ooms.empty:
         top = measured["peak_mb"].max() if not measured.empty else 0.0
         ys = [fit["model_mb"] + fit["activation_mb_per_sample"] * b if fit else top for b in ooms["batch_size"]]
