@@ -80,3 +80,7 @@ def test_verdict_text_follows_its_interval():
     assert v.estimate.text() in v.text  # the number is still shown, with its interval
     v = lessons.verdict_of("gpu_vs_cpu", stats.NO_ESTIMATE, on_gpu=True, what="GPU")
     assert v.outcome == lessons.NO_MEASUREMENT and "no measurement" in v.text
+    # one sample on a side: a ratio, no interval, no verdict (not "the interval contains 1")
+    lone = stats.ratio_of_samples([[0.006]], [[1.0, 1.1, 0.9]])
+    v = lessons.verdict_of("augment_cost", lone, on_gpu=False, what="RandAugment against mixup")
+    assert v.outcome == lessons.NO_INTERVAL and "interval contains" not in v.text and "no verdict" in v.text

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from dlokit.analysis import stats
 from dlokit.analysis.stats import AGREES, CONTRADICTS, WITHIN_NOISE, Estimate
 
-NOT_APPLICABLE, NO_MEASUREMENT = "not applicable", "no measurement"
+NOT_APPLICABLE, NO_MEASUREMENT, NO_INTERVAL = "not applicable", "no measurement", "no interval"
 MIME = "application/vnd.dlokit.verdict+json"  # what a saved notebook keeps of a verdict, machine-readable
 
 
@@ -133,6 +133,8 @@ class Verdict:
             text += f"The interval lies {side} 1: this measurement agrees."
         elif self.outcome == CONTRADICTS:
             text += f"The interval lies on the other side of 1: this measurement contradicts it."
+        elif self.outcome == NO_INTERVAL:
+            text += "Too few samples for an interval: no verdict from this measurement (more steps or repeats give one)."
         else:
             text += "The interval contains 1: within noise, this measurement neither shows nor contradicts it."
         if not self.on_gpu:
@@ -160,6 +162,8 @@ def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str) 
         outcome = NOT_APPLICABLE
     elif not estimate.runs:
         outcome = NO_MEASUREMENT
+    elif not estimate.usable:  # a value without an interval: nothing to judge it by
+        outcome = NO_INTERVAL
     else:
         outcome = estimate.outcome(lesson.expects_gain)
     return Verdict(effect, what, estimate, on_gpu, outcome)
