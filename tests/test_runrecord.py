@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 from dlokit.runrecord import RunRecorder, read_rank
 
@@ -32,3 +33,31 @@ def test_half_written_last_line_is_skipped_and_reported(tmp_path):
     assert rank0["truncated"] and rank0["state"] == "running or killed"
     assert [m["step"] for m in rank0["metrics"]] == [0, 1, 2]
     assert json.loads((record.folder / "run.json").read_text())["run_id"] == "cut"
+
+
+def _burn_then_wait(seconds, burned):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    burned.set()
+    time.sleep(60)  # alive when the summary is taken: never waited for
+
+
+def test_own_cpu_counts_descendants_this_process_never_waits_for():
+    """The DataLoader workers of a multi-rank job are a forkserver's children (image_data.worker_start): the rank
+    never waits for them, os.times leaves them out, yet their CPU time is the run's own, not other work's."""
+    import multiprocessing
+
+    from dlokit.runrecord import CpuUse
+
+    context = multiprocessing.get_context("forkserver")
+    use = CpuUse()
+    burned = context.Event()
+    worker = context.Process(target=_burn_then_wait, args=(0.6, burned), daemon=True)
+    worker.start()
+    try:
+        assert burned.wait(60)
+        summary = use.summary()
+        assert worker.is_alive() and summary["own_cpu_s"] >= 0.5, summary
+    finally:
+        worker.kill()

@@ -52,8 +52,23 @@ def _cores_busy_ticks(cores) -> int | None:
 
 
 def _own_cpu_s() -> float:
+    """CPU time of this process and of all its descendants: those it waited for (os.times) and those still
+    running, which os.times does not count. The DataLoader workers of a multi-rank job are the children of a
+    forkserver (tp_scripts/image_data.worker_start) that this process never waits for: without them a rank's
+    own work on its core read as 55 % "other work"."""
     times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+    total = times.user + times.system + times.children_user + times.children_system
+    try:
+        import psutil
+    except ImportError:
+        return total
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cpu = child.cpu_times()
+        except psutil.Error:  # ended in between
+            continue
+        total += cpu.user + cpu.system + cpu.children_user + cpu.children_system
+    return total
 
 
 class CpuUse:
