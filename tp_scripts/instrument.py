@@ -621,7 +621,7 @@ def end_data_workers() -> None:
                 doomed += [child, *child.children(recursive=True)]
         except psutil.Error:
             pass
-    doomed += [worker for worker in multiprocessing.active_children()]  # workers forked by the rank itself
+    doomed += multiprocessing.active_children()  # workers forked by the rank itself
     for process in doomed:
         try:
             process.kill()
