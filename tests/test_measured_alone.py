@@ -50,18 +50,19 @@ def test_jobs_that_measure_accuracy_share_the_machine_and_say_so(workspace):
 
         pytest.skip("needs a CPU-only machine with 2 cores or more")
     dlokit.use_profile("local")
-    shared = dlokit.gpu_jobs_submitter([f"{JOBS / 'interval.py'} 2.0"] * 2, n_gpu=1, name="shared",
-                                       time_max="00:02:00", alone=False)
+    # the two meet before their busy wait: they run side by side however slowly each one starts
+    shared = dlokit.gpu_jobs_submitter([f"{JOBS / 'interval.py'} 1.0 {workspace / 'shared'} 2"] * 2, n_gpu=1,
+                                       name="shared", time_max="00:02:00", alone=False)
     [alone] = dlokit.gpu_jobs_submitter(f"{JOBS / 'interval.py'} 0.5", n_gpu=1, name="alone", time_max="00:02:00")
-    assert [o.state for o in dlokit.wait(shared + [alone], timeout_s=120)] == ["COMPLETED"] * 3
+    assert [o.state for o in dlokit.wait(shared + [alone], timeout_s=180)] == ["COMPLETED"] * 3
     a, b, last = interval(shared[0]), interval(shared[1]), interval(alone)
-    assert a["start"] < b["end"] and b["start"] < a["end"], (a, b)  # they ran at the same time...
+    assert a["met"] and b["met"], (a, b)  # they ran at the same time...
     assert set(a["cpus"]).isdisjoint(b["cpus"]) and len(a["devices"].split(",")) == 1  # ...on a core each
     assert last["start"] >= max(a["end"], b["end"]) - 0.05  # the measurement waited for both
     runner = JOBS / "recorded_sleep.py"
-    recorded = dlokit.gpu_jobs_submitter([f"{runner} 1.5"] * 2, n_gpu=1, name="recorded", time_max="00:02:00",
-                                         alone=False)
-    dlokit.wait(recorded, timeout_s=120)
+    recorded = dlokit.gpu_jobs_submitter([f"{runner} 1.0 {workspace / 'recorded'} 2"] * 2, n_gpu=1,
+                                         name="recorded", time_max="00:02:00", alone=False)
+    assert [o.state for o in dlokit.wait(recorded, timeout_s=180)] == ["COMPLETED"] * 2
     from dlokit.analysis import load_run, runs_table
 
     assert all(load_run(j).info["measurement"]["alone"] is False for j in recorded)
@@ -128,6 +129,20 @@ def test_first_come_first_served(tmp_path, monkeypatch):
     assert sorted(first.held + second.held) == ["gpu0", "gpu1"]
     first.leave()
     second.leave()
+
+
+def test_the_queue_follows_the_order_of_submission_not_of_launcher_start(tmp_path, monkeypatch):
+    """A launcher that starts late (a loaded machine) keeps the place its job was submitted at."""
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path))
+    submitted_first = time.time_ns()
+    quick = devices.DeviceQueue(2, ["cpu0", "cpu1"], "submitted second, started first",
+                                submitted_ns=submitted_first + 1_000_000)
+    slow = devices.DeviceQueue(1, ["cpu0", "cpu1"], "submitted first, started second", submitted_ns=submitted_first)
+    assert not quick.try_acquire(), "the job submitted later must wait for the one submitted before it"
+    assert slow.try_acquire() and not quick.try_acquire()
+    slow.leave()
+    assert quick.try_acquire()
+    quick.leave()
 
 
 def test_local_job_ids_are_unique_and_not_pids(workspace):

@@ -72,6 +72,8 @@ def _parse(argv):
     parser.add_argument("--folder", type=Path, required=True, help="the job's log folder")
     parser.add_argument("--name", default="job")
     parser.add_argument("--mem-mb", default="0", help="the job's memory limit in MB, 'auto' or 0 (none)")
+    parser.add_argument("--submitted-ns", type=int, default=None, help="when the job was submitted (time.time_ns): "
+                        "its place in the queue")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(log.fileno(), 2)
 
     waiting = args.folder / f"{pid}_waiting.json"
-    queue = DeviceQueue(args.need, [d for d in args.among.split(",") if d], args.name)
+    queue = DeviceQueue(args.need, [d for d in args.among.split(",") if d], args.name,
+                        submitted_ns=args.submitted_ns)
     child: list[subprocess.Popen] = []
     stop_by: list[float] = []  # when a cancelled job's leftovers get killed
 

@@ -106,12 +106,14 @@ def holders(devices: list[str], root: Path | None = None) -> dict[str, dict]:
 class DeviceQueue:
     """One waiting job: its ticket in the queue, and the locks it takes once its turn has come."""
 
-    def __init__(self, need: int, among: list[str], name: str, root: Path | None = None):
+    def __init__(self, need: int, among: list[str], name: str, root: Path | None = None,
+                 submitted_ns: int | None = None):
         if need > len(among):
             raise ValueError(f"{need} device(s) needed but this machine has {len(among)}: {', '.join(among)}")
         self.need, self.among, self.name = need, among, name
         self.root = root or lock_dir()
-        self.ticket = self.root / "queue" / f"{time.time_ns():020d}-{os.getpid()}.json"
+        # the queue's order is the order of submission, not of how fast each launcher happened to start
+        self.ticket = self.root / "queue" / f"{submitted_ns or time.time_ns():020d}-{os.getpid()}.json"
         write_json(self.ticket, {"pid": os.getpid(), "among": among, "name": name})
         self.locks: list[FileLock] = []
         self.held: list[str] = []

@@ -166,7 +166,8 @@ class DeviceLockedLocalExecutor(submitit.LocalExecutor):
                "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
                "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": "", "SUBMITIT_LOCAL_WITH_SHELL": "1"}
         argv = [sys.executable, "-m", "dlokit.device_launcher", "--need", str(self.need), "--among", ",".join(self.among),
-                "--folder", str(self.folder), "--name", self.name, "--mem-mb", self.mem_mb, "--",
+                "--folder", str(self.folder), "--name", self.name, "--mem-mb", self.mem_mb,
+                "--submitted-ns", str(time.time_ns()), "--",
                 sys.executable, "-m", "submitit.local._local", str(self.folder)]
         with open(self.folder / "launchers.log", "ab") as log:  # anything said before the launcher's own log opens
             # a new session: a Ctrl-C in the notebook does not reach the job
