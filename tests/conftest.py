@@ -1,12 +1,15 @@
 """Shared fixtures: an isolated kit workspace per test and the project's real local Slurm cluster."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import socket
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster_2n" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("slurm-2n"))
+
+
+@contextlib.contextmanager
+def searchable_by_all(*paths: Path):
+    """The students' servers read the cluster's slurm.conf, reach its munge socket and run the hub's venv
+    in the repository: make the folders above them (pytest's are 0700; a checkout may sit in one too)
+    searchable by everyone (o+x) while the test runs, then restore them. Kept open by a thread: any
+    pytest session starting on this machine sets its base folder back to 0700."""
+    modes = {folder: folder.stat().st_mode for path in paths for folder in [path, *path.parents]
+             if not folder.stat().st_mode & stat.S_IXOTH}
+    stop = threading.Event()
+
+    def keep_open():
+        while True:
+            for folder, mode in modes.items():
+                with contextlib.suppress(OSError):
+                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            if stop.wait(0.2):
+                return
+
+    keeper = threading.Thread(target=keep_open, daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join()
+        for folder, mode in modes.items():
+            with contextlib.suppress(OSError):
+                folder.chmod(stat.S_IMODE(mode))

@@ -13,17 +13,15 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import free_ports
+from conftest import free_ports, searchable_by_all
 from jupyter_page import ARTIFACTS, new_page, run_cells, wait_for_one_kernel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,36 +32,6 @@ TINY = {"NICKNAME": NICKNAME, "PROFILE": "local-slurm", "MODEL": "mobilenet_v3_s
         "BATCH_SIZE": 8, "STEPS": 4, "TRAIN_PER_CLASS": 8, "REFRESH_S": 1}
 
 pytestmark = [pytest.mark.slurm, pytest.mark.browser]
-
-
-@contextlib.contextmanager
-def searchable_by_all(*paths: Path):
-    """The students' servers read the cluster's slurm.conf, reach its munge socket and run the hub's venv
-    in the repository: make the folders above them (pytest's are 0700; a checkout may sit in one too)
-    searchable by everyone (o+x) while the test runs, then restore them. Kept open by a thread: any
-    pytest session starting on this machine sets its base folder back to 0700."""
-    modes = {folder: folder.stat().st_mode for path in paths for folder in [path, *path.parents]
-             if not folder.stat().st_mode & stat.S_IXOTH}
-    stop = threading.Event()
-
-    def keep_open():
-        while True:
-            for folder, mode in modes.items():
-                with contextlib.suppress(OSError):
-                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-            if stop.wait(0.2):
-                return
-
-    keeper = threading.Thread(target=keep_open, daemon=True)
-    keeper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        keeper.join()
-        for folder, mode in modes.items():
-            with contextlib.suppress(OSError):
-                folder.chmod(stat.S_IMODE(mode))
 
 
 def run(command, **kwargs) -> subprocess.CompletedProcess:

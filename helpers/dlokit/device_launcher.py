@@ -35,7 +35,8 @@ AUTO_MEM_FRACTION = 0.8  # mem = "auto": this share of the memory available when
 
 def _waiting_note(queue: DeviceQueue, since: float) -> dict:
     busy = holders(queue.among, queue.root)
-    who = ", ".join(f"{d} (job {n.get('name')}, pid {n.get('pid')})" for d, n in busy.items())
+    who = ", ".join(f"{d} ({n.get('user', 'a user')}'s job {n.get('name')}, pid {n.get('pid')})"
+                    for d, n in busy.items())
     reason = f"waiting for {queue.need} free device(s) among {', '.join(queue.among)}"
     return {"since": since, "reason": reason + (f": in use by {who}" if who else ": earlier jobs go first")}
 

@@ -16,11 +16,14 @@ PENDING. Cancelling a waiting job ends the launcher before anything started.
 """
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import os
 import time
 from pathlib import Path
 
+import psutil
 from filelock import FileLock, Timeout
 
 from . import jobenv
@@ -38,6 +41,13 @@ def lock_dir() -> Path:
         except PermissionError:  # created by another user, who already opened it up
             pass
     return path
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 MAX_CPU_DEVICES = 8  # as Profile.node_gpus: at most 8 CPU processes stand for 8 GPUs
@@ -65,17 +75,31 @@ def devices_needed(among: list[str], tasks: int, alone: bool) -> int:
     return len(among) if alone else min(tasks, len(among))
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> float | None:
+    """When process `pid` started (None if there is none): with the pid, it names one process, never a later
+    one that reused the pid."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, started: float | None = None) -> bool:
+    """Process `pid` runs (and, when `started` is given, is the one that started then)."""
+    try:
+        process = psutil.Process(pid)
+        if started is not None and abs(process.create_time() - started) > 0.01:
+            return False  # the pid was reused: the process that wrote the note has ended
+        # an exited child its parent has not reaped yet is a zombie: it holds nothing
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:
         return True
-    try:  # an exited child its parent has not reaped yet is a zombie: it holds nothing
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+
+
+def _note_alive(note: dict) -> bool:
+    return bool(note.get("pid")) and _alive(int(note["pid"]), note.get("started"))
 
 
 def _read_json(path: Path) -> dict:
@@ -92,14 +116,21 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _holder_note(root: Path, device: str) -> Path:
+    """Each user's note of the device they hold: in the shared, sticky lock folder a user can replace only
+    their own files, so one note per device would be the first user's forever."""
+    return root / f"{device}.holder.{os.getuid()}.json"
+
+
 def holders(devices: list[str], root: Path | None = None) -> dict[str, dict]:
-    """Who holds each of these devices now (pid, job name, since), from the holders' own notes."""
+    """Who holds each of these devices now (pid, job name, user, since), from the holders' own notes."""
     root = root or lock_dir()
     found = {}
     for device in devices:
-        note = _read_json(root / f"{device}.holder.json")
-        if note.get("pid") and _alive(int(note["pid"])):
-            found[device] = note
+        for path in sorted(root.glob(f"{device}.holder.*.json")):
+            note = _read_json(path)
+            if _note_alive(note):
+                found[device] = note
     return found
 
 
@@ -114,7 +145,8 @@ class DeviceQueue:
         self.root = root or lock_dir()
         # the queue's order is the order of submission, not of how fast each launcher happened to start
         self.ticket = self.root / "queue" / f"{submitted_ns or time.time_ns():020d}-{os.getpid()}.json"
-        write_json(self.ticket, {"pid": os.getpid(), "among": among, "name": name})
+        self.me = {"pid": os.getpid(), "started": _started(os.getpid()), "name": name, "user": _user()}
+        write_json(self.ticket, {**self.me, "among": among})
         self.locks: list[FileLock] = []
         self.held: list[str] = []
 
@@ -124,9 +156,9 @@ class DeviceQueue:
             if ticket.name >= self.ticket.name:
                 return True
             note = _read_json(ticket)
-            pid = int(note.get("pid") or 0)
-            if not pid or not _alive(pid):
-                ticket.unlink(missing_ok=True)
+            if not _note_alive(note):
+                with contextlib.suppress(OSError):  # another user's ticket stays: only they may remove it
+                    ticket.unlink(missing_ok=True)
             elif set(note.get("among", [])) & set(self.among):
                 return False
         return True
@@ -149,8 +181,7 @@ class DeviceQueue:
             self.release()
             return False
         for device in self.held:
-            write_json(self.root / f"{device}.holder.json",
-                        {"pid": os.getpid(), "name": self.name, "since": time.time()})
+            write_json(_holder_note(self.root, device), {**self.me, "since": time.time()})
         self.ticket.unlink(missing_ok=True)
         return True
 

@@ -49,6 +49,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
+from . import shared_folders
 from .jobs import JobCard, all_cards, cancel, find_card, job_outcome
 from .profiles import current_profile
 from .runrecord import is_number, read_metrics
@@ -97,7 +98,7 @@ def open_study(name: str, *, storage_dir=None, sampler="tpe", pruner="hyperband"
     if direction not in ("maximize", "minimize"):
         raise ValueError(f"direction {direction!r}: 'maximize' (accuracy) or 'minimize' (loss)")
     path = study_path(name, storage_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    shared_folders.shared_top(path.parent, "HPO studies")
     storage = JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path))))
     chosen_pruner = _pruner(pruner)
     study = optuna.create_study(storage=storage, study_name=name, direction=direction, load_if_exists=True,

@@ -25,7 +25,7 @@ from submitit.core.utils import FailedJobError
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 from submitit.local.local import LocalJob
 
-from . import devices, jobenv, jobs, rank
+from . import devices, jobenv, jobs, rank, shared_folders
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_fits, cluster_limits, plan, setup_lines,
                       slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
@@ -232,6 +232,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
     if verbose:
         _note_ignored(specs, profile, ignored)
 
+    shared_folders.private_part(profile.logs, "your job logs")  # a clear error, before anything is submitted
+    shared_folders.shared_top(profile.runs, "run records")
     cards = []
     groups = itertools.groupby(sorted(zip(specs, layouts), key=lambda p: _group_key(*p)), key=lambda p: _group_key(*p))
     for _, members in groups:

@@ -1,0 +1,66 @@
+"""Folders that several users share: a class's notebook folder on a workshop server, where every student's
+kernel writes its job logs under `dlokit_jobs/<user>/` and its run records under `runs/`.
+
+The folder above the users' parts is created open to all, as /tmp is (mode 1777: anyone may add, nobody may
+remove or replace what another user wrote), so the second user can make their own part beside the first's.
+A user's own part of the job logs (`dlokit_jobs/<user>/`: commands, logs, pickled tasks) is theirs alone
+(0700), and must be theirs: a folder made there by someone else is refused, never written into.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+OPEN_TO_ALL = 0o1777
+PRIVATE = 0o700
+
+
+class FolderError(PermissionError):
+    """A folder the kit needs cannot be made or written; the message names it and what to do."""
+
+
+def _owner(path: Path) -> str:
+    uid = path.stat().st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _make(path: Path, mode: int, what: str, fix: str) -> None:
+    """mkdir with exactly `mode` (the umask would take the sharing bits away)."""
+    try:
+        path.mkdir(exist_ok=True)
+    except FileExistsError:
+        raise FolderError(f"{path} should be a folder ({what}) but is a file: remove or rename it") from None
+    except PermissionError:
+        raise FolderError(f"cannot create {path} ({what}): {path.parent} belongs to {_owner(path.parent)} and is "
+                          f"not writable by you. {fix}") from None
+    if path.stat().st_uid == os.getuid():
+        path.chmod(mode)
+
+
+def shared_top(top: Path, what: str) -> Path:
+    """`top` exists and this user can add to it: created open to all (1777) when the kit makes it."""
+    fix = (f"Ask its owner (or an instructor) to run `chmod 1777 {top}`, or set log_dir / runs_dir in your "
+           "profile (DLOKIT_LOG_DIR / DLOKIT_RUNS_DIR) to a folder of yours")
+    if not top.is_dir():
+        top.parent.mkdir(parents=True, exist_ok=True)
+        _make(top, OPEN_TO_ALL, what, fix)
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise FolderError(f"cannot write in {top} ({what}): it belongs to {_owner(top)} (mode "
+                          f"{stat.S_IMODE(top.stat().st_mode):o}). {fix}")
+    return top
+
+
+def private_part(path: Path, what: str) -> Path:
+    """`path` (a user's own part, in a shared top folder) exists, belongs to this user and is theirs alone."""
+    shared_top(path.parent, what)
+    _make(path, PRIVATE, what, "")
+    if path.stat().st_uid != os.getuid():
+        raise FolderError(f"{path} ({what}) belongs to {_owner(path)}, not to you: the kit does not write your jobs "
+                          f"into another user's folder. Ask them to remove it, or set log_dir in your profile "
+                          "(DLOKIT_LOG_DIR) to a folder of yours")
+    return path
