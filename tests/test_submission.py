@@ -221,3 +221,16 @@ def test_queue_view_stops_at_its_timeout_saying_what_is_left(backend, capsys):
     assert "The jobs go on" in out
     dlokit.cancel(job_id)
     dlokit.wait(job_id, timeout_s=60)
+
+
+def test_a_job_whose_launcher_fails_says_why(workspace, monkeypatch):
+    """The local launcher failing before the script starts (here: its lock folder cannot be made) is the cause
+    job_outcome shows, not an empty FAILED."""
+    blocker = workspace / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(blocker / "locks"))
+    dlokit.use_profile("local")
+    [job_id] = dlokit.gpu_jobs_submitter(f"{JOBS / 'sleep.py'} 0", n_gpu=1, name="nolocks", time_max="00:01:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=60)
+    assert outcome.state == "FAILED"
+    assert "launcher failed before the script started" in outcome.cause and "not-a-folder" in outcome.cause, outcome

@@ -395,7 +395,7 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
     usage = _usage(card)
     if outcome.state == "FAILED":
         raw = traceback_tail(card)
-        outcome.cause = _script_error(card) or raw
+        outcome.cause = _script_error(card) or raw or (_launcher_error(card) if card.backend != "slurm" else "")
         evidence = raw + "\n" + outcome.cause
         if any(sign in raw for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
@@ -475,6 +475,15 @@ def _usage(card: JobCard) -> list[dict]:
 def _killed_by_kernel(usage: list[dict]) -> bool:
     """A script killed by SIGKILL that nobody cancelled: the kernel's out-of-memory killer."""
     return any(u.get("returncode") == -signal.SIGKILL and not u.get("cancelled") for u in usage)
+
+
+def _launcher_error(card: JobCard) -> str:
+    """Why the local launcher itself failed, before the script could start (its log's last traceback lines)."""
+    text = tail(Path(card.folder) / f"{card.scheduler_id}_launcher.log", 4000)
+    if "Traceback" not in text:
+        return ""
+    lines = [line for line in text.split("Traceback")[-1].splitlines()[1:] if line.strip()]
+    return "the job's launcher failed before the script started: " + "\n".join(lines[-3:])
 
 
 def _script_error(card: JobCard) -> str:
