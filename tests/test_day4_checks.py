@@ -39,6 +39,7 @@ def test_llama_3b_shape():
     ("pp", 2, ["--microbatches", "3"], "--batch-size 8 is not divisible by --microbatches 3"),
     ("ddp", 3, [], "--batch-size 8 is not divisible by the data-parallel degree 3"),
     ("fsdp", 2, ["--resume"], "--resume needs --checkpoint-dir"),
+    ("fsdp", 2, ["--resume", "--checkpoint-dir", "/nonexistent/typo"], "--resume: no checkpoint in /nonexistent/typo"),
     ("hsdp", 2, [], "--mode hsdp needs --dp-replicate >= 2"),
     ("hsdp", 6, ["--dp-replicate", "4"], "--mode hsdp needs --dp-replicate >= 2"),
 ])

@@ -157,6 +157,9 @@ def plan_degrees(args, config, world: int) -> ParallelDims:
         raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by the data-parallel degree {dims.dp}")
     if args.resume and not args.checkpoint_dir:
         raise ArgumentsError("--resume needs --checkpoint-dir")
+    if args.resume and not (Path(args.checkpoint_dir) / ".metadata").exists():
+        raise ArgumentsError(f"--resume: no checkpoint in {args.checkpoint_dir} (no .metadata file): check the folder, "
+                             "or leave --resume out to start from step 0")
     return dims
 
 
@@ -265,7 +268,7 @@ def train(args, config, dims, env, device, recorder) -> int:
         model = Llama(config)
     run.parallel = parallelize(model, dims, mesh, args, device, cp_attention=cp_attention)
     run.optimizer = build_optimizer(args, run.parallel.modules, dims, run.parallel.dp_group)
-    start_step = resume(run) if args.resume and (Path(args.checkpoint_dir) / ".metadata").exists() else 0
+    start_step = resume(run) if args.resume else 0
     run.data = TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed)
     # FSDP computes in --dtype itself (param_dtype); the other modes compute under autocast.
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
