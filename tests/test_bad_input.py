@@ -209,3 +209,19 @@ def test_layouts_are_checked_against_what_the_cluster_offers(workspace, options,
                                           ("2-12", 216000), ("UNLIMITED", None), ("INFINITE", None)])
 def test_slurm_time_limits_are_read(text, seconds):
     assert dlokit.jobspec.slurm_seconds(text) == seconds
+
+
+def test_the_local_profile_refuses_more_cores_than_the_machine_has(workspace):
+    profile = dlokit.use_profile("local", cpus_per_task=999)
+    with pytest.raises(JobSpecError, match=r"1 task\(s\) x cpus_per_task=999 = 999 cores asked but this machine has \d+"):
+        dlokit.plan(dlokit.JobSpec(script=HELLO, name="cores"), profile)
+
+
+def test_the_local_profile_calls_cpu_processes_so(workspace):
+    import torch
+
+    if torch.cuda.device_count():
+        pytest.skip("this machine has GPUs")
+    profile = dlokit.use_profile("local")
+    with pytest.raises(JobSpecError, match=r"this machine offers no GPU, and \d+ CPU process\(es\) standing for GPUs"):
+        dlokit.plan(dlokit.JobSpec(script=HELLO, name="many", n_gpu=64), profile)

@@ -153,7 +153,9 @@ def plan(spec: JobSpec, profile: Profile) -> Layout:
     if n_gpu <= node_gpus:
         nodes, gpus_on_node = 1, n_gpu
     elif profile.backend == "local":
-        raise JobSpecError(f"{n_gpu} GPUs asked but this machine offers {node_gpus}; "
+        offers = (f"{node_gpus} GPU(s)" if _local_gpu_count() or profile.gpus_per_node != "auto" else
+                  f"no GPU, and {node_gpus} CPU process(es) standing for GPUs (one per core, at most 8)")
+        raise JobSpecError(f"{n_gpu} GPUs asked but this machine offers {offers}; "
                            "use a Slurm profile (dlokit.use_profile('slurm', ...)) for more")
     elif n_gpu % node_gpus:
         lower, upper = n_gpu // node_gpus * node_gpus, (n_gpu // node_gpus + 1) * node_gpus
@@ -166,6 +168,12 @@ def plan(spec: JobSpec, profile: Profile) -> Layout:
     tasks_per_node = gpus_on_node // per_task
     cpus = spec.cpus_per_task if spec.cpus_per_task is not None else profile.task_cpus(tasks_per_node)
     _check_int("cpus_per_task", cpus)
+    if profile.backend == "local":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if tasks_per_node * cpus > cores:
+            raise JobSpecError(f"{tasks_per_node} task(s) x cpus_per_task={cpus} = {tasks_per_node * cpus} cores asked but "
+                               f"this machine has {cores} (profile {profile.name!r}): ask for fewer cores per task, "
+                               "or cpus_per_task='auto'")
     local_gpus = profile.backend == "local" and profile.gpus_per_node == "auto" and _local_gpu_count() == 0
     return Layout(n_gpu=n_gpu, nodes=nodes, gpus_per_node=0 if local_gpus else gpus_on_node,
                   tasks_per_node=tasks_per_node, cpus_per_task=cpus, time_seconds=seconds)
