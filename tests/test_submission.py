@@ -155,6 +155,20 @@ def test_memory_limit_of_the_profile_stops_a_job_as_out_of_memory_with_its_peak(
         assert "#SBATCH --mem=400M" in dlokit.show_script(job_id)
 
 
+def test_a_memory_limit_holds_for_the_job_s_processes_together(backend):
+    """Three children of 800 MB each under a 1 GB limit: each stays under a per-process limit, together they do
+    not; the job ends OUT_OF_MEMORY on both backends (local: the launcher watches the tree; Slurm: its cgroup)."""
+    dlokit.use_profile(backend.name, mem="1G")
+    [job_id] = dlokit.gpu_jobs_submitter(f"{script('children_hog.py')} 3 800", n_gpu=1, name="children",
+                                         time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "OUT_OF_MEMORY", str(outcome)
+    if backend.backend == "local":
+        held = float(outcome.cause.split("held ", 1)[1].split(" MB")[0])
+        assert held > 1024 and "the job's limit of 1024 MB" in outcome.cause, outcome.cause
+        assert "use_profile('local', mem=" in outcome.cause
+
+
 def test_cancelled_job_is_cancelled_in_its_run_record_and_prints_nothing(backend, workspace, capfd):
     [job_id] = dlokit.gpu_jobs_submitter(script("recorded_sleep.py"), n_gpu=1, name="cancelrec",
                                          time_max="00:05:00", verbose=False)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from dlokit import jobenv, rank
+from dlokit import jobenv, rank, tree_memory
 from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
@@ -108,7 +108,7 @@ def _failed_task(folder: Path, pid: int) -> tuple[int, int] | None:
     return None
 
 
-def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str, folder: Path) -> int:
+def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str, folder: Path, mem_mb: int = 0) -> int:
     """Wait for the controller; after a cancel, kill what is still running past the grace period. Once a task
     has failed, the others get FAILED_TASK_GRACE_S to record why they stop, then whatever is left is killed, as
     `srun --kill-on-bad-exit` does: a rank that waits for a failed one, or a rank stuck where it cannot reach
@@ -124,6 +124,14 @@ def _run_to_the_end(child: subprocess.Popen, stop_by: list[float], name: str, fo
             if stop_by and time.time() > stop_by[0]:
                 print(f"{time.strftime('%H:%M:%S')} job {name}: tasks still running {GRACE_S:.0f} s after "
                       "the cancel: killed", flush=True)
+                _kill_group(child.pid)
+                killed = True
+                continue
+            exceeded = None if stop_by else tree_memory.over_limit(child.pid, mem_mb)
+            if exceeded:
+                print(f"{time.strftime('%H:%M:%S')} job {name}: its processes hold {exceeded['peak_mb']:.0f} MB together "
+                      f"({exceeded['processes']} processes), over its limit of {mem_mb} MB: killed", flush=True)
+                write_json(folder / f"{os.getpid()}_memory_exceeded.json", {**exceeded, "killed_at": time.time()})
                 _kill_group(child.pid)
                 killed = True
                 continue
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
           f"memory: {memory}", flush=True)
     # its own process group: a cancel can kill whatever the tasks leave behind, and nothing else
     child.append(subprocess.Popen(command, env=env, start_new_session=True))
-    code = _run_to_the_end(child[0], stop_by, args.name, args.folder)
+    code = _run_to_the_end(child[0], stop_by, args.name, args.folder, mem_mb)
     queue.release()
     return code
 
@@ -208,11 +216,7 @@ def _abort_scripts(controller: int) -> None:
     """SIGABRT to the scripts the tasks run (and their own children, DataLoader workers): their faulthandler
     prints where each thread was to the job's log, the evidence of why they were stuck. The tasks themselves
     are spared for a moment: they relay what the scripts print."""
-    try:
-        tasks = psutil.Process(controller).children()
-        scripts = [p for task in tasks for p in task.children(recursive=True)]
-    except psutil.Error:
-        return
+    scripts = tree_memory.scripts_of(controller)
     for process in scripts:
         try:
             process.send_signal(signal.SIGABRT)

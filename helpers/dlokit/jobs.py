@@ -517,8 +517,13 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
     else:
         limits = [u["mem_limit_mb"] for u in usage if u.get("mem_limit_mb")]
         limit = f"the limit of {max(limits)} MB per task" if limits else "the machine's memory"
-        where = "use_profile('local', mem='16G') sets the job's limit"
+        where = f"use_profile({card.profile!r}, mem='16G') sets the job's limit"
         measured = task_peak
+        exceeded = card.launcher_note("memory_exceeded")
+        if exceeded:
+            measured = (f"its {exceeded.get('processes')} processes (scripts and their children) held "
+                        f"{exceeded.get('peak_mb'):.0f} MB together")
+            limit = f"the job's limit of {exceeded.get('limit_mb')} MB"
     return f"out of memory: {measured}, against {limit}; {where}\n{detail}".rstrip()
 
 
@@ -535,6 +540,8 @@ def _local_outcome(card: JobCard) -> Outcome:
     elapsed = hms(ended - started)
     if card.cancelled_at or card.launcher_note("cancelled"):
         return Outcome(card.job_id, "CANCELLED", elapsed=elapsed)
+    if card.launcher_note("memory_exceeded"):  # the job's processes together went past its limit
+        return Outcome(card.job_id, "OUT_OF_MEMORY", "0:9", elapsed)
     unknown = result_unknown(card, elapsed)
     if unknown is not None:
         return unknown

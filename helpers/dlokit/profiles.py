@@ -54,7 +54,8 @@ class Profile:
     required: tuple[str, ...] = ()
     # memory, in Slurm's words: `mem` per node (= the whole job on the local backend), or `mem_per_cpu`;
     # "16G", "512M", a number of MB. Slurm: --mem / --mem-per-cpu, empty = the cluster's default.
-    # Local: a per-task RLIMIT_DATA; "auto" = 80 % of the memory available when the job starts,
+    # Local: a per-task RLIMIT_DATA, and the job's processes together (children, DataLoader workers) watched
+    # by the launcher (dlokit.tree_memory); "auto" = 80 % of the memory available when the job starts,
     # shared with the devices still free (measurements run one at a time); "0" = no limit.
     mem: str = ""
     mem_per_cpu: str = ""
