@@ -14,3 +14,26 @@ def test_log_lines_are_escaped_and_states_coloured():
 
 def test_empty_queue_says_so():
     assert "none left in the queue" in _table_html(pd.DataFrame(columns=COLUMNS), "alice")
+
+
+def test_the_last_log_line_is_the_script_s_own(workspace):
+    """submitit's plumbing ("The following command is sent: ... RLIMIT_DATA ...") never fills the queue's row: before
+    the script prints, the row says "starting", then it shows the script's own last line."""
+    import time
+    from pathlib import Path
+
+    import dlokit
+    from dlokit import jobs, queue
+
+    dlokit.use_profile("local", mem="2G")  # a memory limit: submitit logs the long RLIMIT command line
+    sleeper = Path(__file__).parent / "job_scripts" / "sleep.py"
+    [job_id] = dlokit.gpu_jobs_submitter(f"{sleeper} 30", n_gpu=1, name="lastline", time_max="00:01:00")
+    card = jobs.find_card(job_id)
+    deadline = time.time() + 60
+    while "sleeping" not in jobs.tail(card.log_path(), 40) and time.time() < deadline:
+        assert queue.job_table("lastline")["last_log_line"].isin(["", "starting", "sleeping"]).all()
+        time.sleep(0.1)
+    assert "The following command is sent" in card.log_path().read_text()  # the plumbing is there...
+    assert queue.job_table("lastline")["last_log_line"].tolist() == ["sleeping"]  # ...and not shown
+    dlokit.cancel(job_id)
+    dlokit.wait(job_id, timeout_s=60)

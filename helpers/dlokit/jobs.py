@@ -186,6 +186,16 @@ def find_card(job_id: str, log_dir: Path | None = None) -> JobCard:
     raise LookupError(f"job {job_id!r} has a broken job card: " + "; ".join(problems))
 
 
+PLUMBING = ("submitit ", "The following command is sent:")  # what submitit says in a task's log, not the script
+
+
+def script_line(card: JobCard, task: int = 0) -> str:
+    """The last line the job's script printed (task 0), never submitit's plumbing; "starting" before any."""
+    text = tail(card.log_path(task), 40)
+    lines = [line for line in text.splitlines() if not line.startswith(PLUMBING)]
+    return lines[-1] if lines else "starting"
+
+
 def search_log(name: str | None = None, contains: str | None = None, with_err: bool = False,
                log_dir: Path | None = None) -> list[str]:
     """Log files of your jobs, job by job in submission order, then task 0, 1, ... (`[0]` is task 0 of

@@ -45,7 +45,7 @@ def _slurm_rows(name: str | None) -> list[dict]:
         rows.append(dict(job_id=job_id, name=job_name, state=state, elapsed=elapsed, time_limit=limit,
                          nodes=int(nodes), node_list="" if pending else node_list,
                          reason=reason if pending and reason != "None" else "",
-                         last_log_line=jobs.tail(card.log_path()) if card else ""))
+                         last_log_line=jobs.script_line(card) if card else ""))
     return rows
 
 
@@ -59,7 +59,7 @@ def _local_rows(name: str | None) -> list[dict]:
         rows.append(dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed or "0:00",
                          time_limit=format_seconds(card.time_seconds), nodes=1,
                          node_list="" if pending else "localhost", reason=outcome.cause if pending else "",
-                         last_log_line="" if pending else jobs.tail(card.log_path())))
+                         last_log_line="" if pending else jobs.script_line(card)))
     return rows
 
 
@@ -157,6 +157,8 @@ STYLE = """<style>
 .dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; }
 .dlokit-queue th, .dlokit-queue td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: left; }
 .dlokit-queue th { background: #f0f0f0; }
+.dlokit-queue td { white-space: nowrap; }
+.dlokit-queue td:last-child { white-space: normal; max-width: 60ch; overflow-wrap: anywhere; }
 .dlokit-state-RUNNING { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
 </style>"""
