@@ -102,6 +102,27 @@ def test_forged_entries_are_rejected(tmp_path):
     assert "bob" not in board.table()["nickname"].tolist()
 
 
+def test_what_the_board_shows_comes_from_the_record_and_a_run_shows_once(tmp_path):
+    """An entry whose score matches its record but whose other fields were edited by hand (64 GPUs, resnet152,
+    batch 4096, 0.001 Wh measured) shows what the record says; the same entry copied under another file name
+    shows once."""
+    runs, folder = tmp_path / "runs", tmp_path / "board"
+    record(runs, "301", "alice", [0.30, 0.45])
+    board = race.Leaderboard(folder, runs, budget_gpu_hours=1.0)
+    genuine = board.entry("301")
+    edited = {**genuine, "gpus": 64, "epochs": 1, "model": "resnet152", "batch_size": 4096, "energy_wh": 0.001,
+              "energy_source": "measured", "options": ["--amp", "bf16"], "over_budget": False}
+    board.write(edited)
+    (folder / "alice--301-copy.json").write_text(json.dumps(edited))
+    accepted, rejected = board.read()
+    assert len(accepted) == 1 and [name for name, _ in rejected] == ["alice--301.json"]
+    assert "a second entry for run 301" in dict(rejected)["alice--301.json"]
+    shown = accepted[0]
+    for key in ("gpus", "epochs", "model", "batch_size", "energy_wh", "energy_source", "options"):
+        assert shown[key] == genuine[key], key
+    assert board.table()["model"].tolist() == ["resnet18"]
+
+
 def test_a_real_race_run_scores_from_its_record(tmp_path):
     data = tmp_path / "tiny"
     make_synthetic_imagenet.main(["--out", str(data), "--classes", "4", "--train-per-class", "12",

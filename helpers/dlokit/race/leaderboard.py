@@ -8,7 +8,8 @@
 No database and no lock (NFS locks are unreliable): each entry is its own file, written to a temporary name
 then renamed (os.replace is atomic), so thirty students posting at once lose and tear nothing. Nothing in an
 entry is trusted: reading the board (and `verify`) re-reads each run's record from the board's runs folder
-and rejects an entry whose score, GPU-hours or student do not match it, or whose record is missing. No
+and rejects an entry whose score, GPU-hours or student do not match it, or whose record is missing; what the
+board shows of an accepted entry comes from the record, never from the file, and a run shows once. No
 secret anywhere: no API key, no hosted service.
 """
 from __future__ import annotations
@@ -157,8 +158,10 @@ class Leaderboard:
         return None
 
     def read(self) -> tuple[list[dict], list[tuple[str, str]]]:
-        """(the verified entries, [(file name, why rejected)])."""
-        accepted, rejected = [], []
+        """(the verified entries, [(file name, why rejected)]). An entry file only says which run to show: what
+        the board shows of it (GPUs, epochs, model, batch, options, energy, score) is read again from the run's
+        record, and a run shows once, whatever the files that name it."""
+        accepted, rejected, shown = [], [], {}
         for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
             try:
                 entry = json.loads(path.read_text())
@@ -166,11 +169,15 @@ class Leaderboard:
                 rejected.append((path.name, f"unreadable ({type(error).__name__})"))
                 continue
             why = self.verify(entry)
+            if not why and entry["run_id"] in shown:
+                why = f"a second entry for run {entry['run_id']} (the board shows {shown[entry['run_id']]})"
             if why:
                 rejected.append((path.name, why))
-            else:
-                entry["over_budget"] = entry["gpu_hours"] > self.budget_gpu_hours  # this board's budget
-                accepted.append(entry)
+                continue
+            shown[entry["run_id"]] = path.name
+            fresh = self.entry(entry["run_id"], entry["nickname"])  # with this board's budget
+            fresh["posted_at"] = entry["posted_at"] if is_number(entry.get("posted_at")) else None
+            accepted.append(fresh)
         return accepted, rejected
 
     def table(self) -> pd.DataFrame:
