@@ -240,6 +240,18 @@ def test_scaling_refuses_multi_rank_runs_without_ddp_or_sharding(tmp_path):
     assert "not a valid scaling comparison" in figure_texts(analysis.scaling_plot(["501", "502"], tmp_path))
 
 
+def test_an_unreadable_run_is_a_row_of_the_scaling_table_not_a_refusal(tmp_path):
+    write_run(tmp_path, "511", world_size=1, t_step=0.05)
+    write_run(tmp_path, "512", world_size=2, t_step=0.06, observed={"ddp_wrapped": True,
+                                                                     "sampler": "DistributedSampler"})
+    (tmp_path / "513" / "rank0").mkdir(parents=True)
+    (tmp_path / "513" / "rank0" / "run.json").write_text("[1, 2]")  # not a run record
+    table = analysis.scaling_table(["511", "512", "513"], tmp_path)
+    assert table["world_size"].tolist()[:2] == [1, 2] and table["speedup"].notna().tolist() == [True, True, False]
+    assert table["run_id"].iloc[-1] == "513" and "unreadable" in table["note"].iloc[-1]
+    assert "run 513: unreadable" in figure_texts(analysis.scaling_plot(["511", "512", "513"], tmp_path))
+
+
 def test_efficiency_above_100_percent_always_has_its_reason(tmp_path):
     baseline_slot, other = (10_000, 10_100), (10_050, 10_150)
     write_run(tmp_path, "601", world_size=1, t_data=0.0, t_step=0.10, interval=baseline_slot)

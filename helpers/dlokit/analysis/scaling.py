@@ -24,10 +24,8 @@ class ScalingError(ValueError):
 
 def check_data_parallel(run: Run) -> None:
     """Raise ScalingError if a multi-rank run was not really data-parallel."""
-    if run.world_size <= 1:
-        return
-    if run.state.startswith("unreadable"):
-        raise ScalingError(f"run {run.run_id} cannot be read ({run.state}): leave it out of the comparison")
+    if run.world_size <= 1 or run.unreadable:
+        return  # an unreadable run is a row of its own in the table, naming why
     observed = run.info.get("observed") or run.summary.get("observed") or {}
     if not observed and run.state != "completed":
         return  # it never got through a step: no throughput to compare, the plot names it
@@ -77,7 +75,8 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     efficiency relative to the smallest world size, each with its 95 % interval (dlokit.analysis.stats: the run
     is the unit when both sizes were repeated).
 
-    Raises ScalingError for a multi-rank run without DDP or a distributed sampler. The table's
+    Raises ScalingError for a multi-rank run without DDP or a distributed sampler; an unreadable run is a row of
+    its own (no numbers, a note naming why). The table's
     `attrs["kind"]` says strong/weak/mixed; `note` explains an efficiency above 100 % or an overlap."""
     runs = load_runs(runs, runs_dir)
     for run in runs:
@@ -88,8 +87,10 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     columns = ["world_size", "run_id", "batch_size", "global_batch_size", metric, "low", "high", "speedup",
                "speedup_low", "speedup_high", "ideal", "efficiency", "efficiency_low", "efficiency_high",
                "overlapped_by", "foreign_cpu", "note"]
+    unreadable = [{"world_size": r.world_size, "run_id": r.run_id, "note": f"{r.state}: left out of the comparison"}
+                  for r in runs if r.unreadable]
     if usable.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(unreadable, columns=columns)
     by_id = {r.run_id: r for r in runs}
     groups = {size: [by_id[i] for i in rows["run_id"]] for size, rows in usable.groupby("world_size")}
     base_size = min(groups)
@@ -126,6 +127,8 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     out.attrs["kind"] = kind
     out.attrs["kind_text"] = KIND_TEXT[kind]
     out.attrs["speedups"] = dict(zip(out["world_size"], out["_speedup"]))  # stats.Estimate per world size
+    if unreadable:  # after the measured sizes, so that their rows keep their places
+        out = pd.concat([out, pd.DataFrame(unreadable)], ignore_index=True)
     return out[columns]
 
 
@@ -138,6 +141,9 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
         return message_figure(["not a valid scaling comparison:", *_wrap(str(error))], title="scaling")
     table = runs_table(runs)
     notes = [f"run {r.run_id}: {r.state}, no {metric}" for r in table.itertuples() if pd.isna(getattr(r, metric))]
+    notes += [f"run {r.run_id}: {r.note}" for r in scaling.itertuples() if r.note and pd.isna(r.speedup)]
+    kind_text = scaling.attrs.get("kind_text", "")
+    scaling = scaling.dropna(subset=["speedup"])  # the measured world sizes (an unreadable run is only a note)
     if scaling.empty:
         return message_figure(notes or ["no runs"], title="scaling")
     notes += [f"world size {r.world_size}: {r.note}" for r in scaling.itertuples() if r.note]
@@ -163,7 +169,7 @@ def scaling_plot(runs, runs_dir=None, metric: str = "throughput_train"):
     for row in scaling.itertuples():
         if row.note:
             right.annotate("see note", (row.world_size, 100 * row.efficiency), fontsize=8, color="tab:red")
-    figure.suptitle(scaling.attrs["kind_text"], fontsize=9)
+    figure.suptitle(kind_text, fontsize=9)
     add_notes(figure, notes)
     return figure
 
