@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from pathlib import Path
@@ -248,3 +249,27 @@ def test_a_job_whose_launcher_fails_says_why(workspace, monkeypatch):
     [outcome] = dlokit.wait(job_id, timeout_s=60)
     assert outcome.state == "FAILED"
     assert "launcher failed before the script started" in outcome.cause and "not-a-folder" in outcome.cause, outcome
+
+
+def test_a_scheduler_that_does_not_answer_is_named_and_wait_gives_up(workspace, slurm_cluster, monkeypatch):
+    """The controller and accounting out of reach (the job's cluster configuration pointed at closed ports): the
+    job reads NO_ANSWER with squeue's whole message, never PENDING, and wait() stops with that cause."""
+    import re
+
+    from conftest import free_ports
+
+    dlokit.use_profile("local-slurm")
+    [job_id] = dlokit.gpu_jobs_submitter(f"{script('sleep.py')} 0", n_gpu=1, name="noanswer", time_max="00:02:00")
+    assert dlokit.wait(job_id, timeout_s=120)[0].state == "COMPLETED"
+    ctld, dbd = free_ports(2)
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    conf = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={ctld}", conf)
+    conf = re.sub(r"(?m)^AccountingStoragePort=.*$", f"AccountingStoragePort={dbd}", conf)
+    unreachable = workspace / "slurm.conf"
+    unreachable.write_text(conf)
+    monkeypatch.setenv("SLURM_CONF", str(unreachable))
+    outcome = dlokit.job_outcome(job_id)
+    assert outcome.state == "NO_ANSWER" and "the Slurm controller did not answer (squeue: " in outcome.cause, outcome
+    assert "the job's state is not known" in outcome.cause
+    with pytest.raises(dlokit.SchedulerError, match=f"job {job_id}: the Slurm controller did not answer"):
+        dlokit.wait(job_id, poll_s=0.2, no_answer_s=1)

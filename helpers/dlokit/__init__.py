@@ -8,7 +8,7 @@
 """
 import importlib
 
-from .jobs import JobCard, Outcome, cancel, job_outcome, search_log, show_script, wait
+from .jobs import JobCard, Outcome, SchedulerError, cancel, job_outcome, search_log, show_script, wait
 from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
 from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
 from .submit import gpu_jobs_submitter, submit
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # starts, and should not pay for pandas (the queue's table) on each job.
 _LAZY = {"display_slurm_queue": "queue", "job_table": "queue"}
 __all__ = [
-    "Day", "setup_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "ProfileError", "cancel", "current_profile",
+    "Day", "setup_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "SchedulerError", "ProfileError", "cancel", "current_profile",
     "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
     "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
 ]

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +20,9 @@ from pathlib import Path
 from .jobspec import format_seconds
 from .profiles import current_profile
 
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+# NO_ANSWER is the kit's, not Slurm's: the scheduler did not answer, so the job's state is not known right now
+NO_ANSWER = "NO_ANSWER"
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", NO_ANSWER}
 REQUEUED_AFTER = {"NODE_FAIL", "PREEMPTED"}  # ends of one attempt after which Slurm (--requeue) queues the job again
 # submitit's words when the time-limit signal stops a job: the first line comes as the signal arrives, the
 # second as it gives up; a job that exits in between ends FAILED in Slurm's accounting, not TIMEOUT
@@ -277,7 +280,8 @@ def _sacct(job_id: str) -> dict | None:
 
 def _squeue_state(card: JobCard) -> dict:
     """Before slurmdbd has the job, squeue knows it (with why a PENDING job waits); a job neither knows is
-    UNKNOWN. A controller that does not answer (restarting) leaves the job PENDING, not lost."""
+    UNKNOWN. A controller that does not answer (restarting, or down) makes the job NO_ANSWER, not lost: its state
+    is not known, and the cause says so (wait() gives up when that lasts)."""
     try:  # -t all: also a job that ended a moment ago (MinJobAge), which sacct may still show RUNNING
         done = subprocess.run(["squeue", "-h", "-t", "all", "-j", card.job_id, "-o", "%T|%M|%r"],
                               capture_output=True, text=True, timeout=20)
@@ -292,9 +296,10 @@ def _squeue_state(card: JobCard) -> dict:
             row["cause"] = f"waiting: {reason} (Slurm's reason)"
         return row
     if failed:
-        why = getattr(done, "stderr", "") or str(done)
-        return {"state": "PENDING", "cause": f"the Slurm controller did not answer ({why.strip()[:200]}); "
-                                             "asking again later"}
+        said = (getattr(done, "stderr", "") or str(done)).strip().splitlines()
+        why = textwrap.shorten(said[-1] if said else "no message", 300)  # squeue's own words, whole
+        return {"state": NO_ANSWER, "cause": f"the Slurm controller did not answer (squeue: {why}): the job's state "
+                                             "is not known; asking again later"}
     if time.time() - card.submitted_at < 60:
         return {"state": "PENDING"}
     return {"state": "UNKNOWN", "cause": "neither squeue nor sacct knows this job (is accounting on?)"}
@@ -582,14 +587,27 @@ def cancel(job_id: str) -> None:
         os.kill(int(card.scheduler_id), signal.SIGTERM)
 
 
-def wait(job_ids, poll_s: float = 1.0, timeout_s: float | None = None) -> list[Outcome]:
-    """Block until the jobs have ended; returns their outcomes."""
+class SchedulerError(RuntimeError):
+    """The scheduler has not answered for a while: the jobs' states cannot be known."""
+
+
+def wait(job_ids, poll_s: float = 1.0, timeout_s: float | None = None, no_answer_s: float = 120.0) -> list[Outcome]:
+    """Block until the jobs have ended; returns their outcomes. Raises SchedulerError when the scheduler has
+    not answered about a job for `no_answer_s` seconds (a controller restart takes less)."""
     ids = [job_ids] if isinstance(job_ids, str) else list(job_ids)
     start = time.time()
+    silent_since: dict[str, float] = {}
     while True:
         outcomes = [job_outcome(i) for i in ids]
         if all(o.finished for o in outcomes):
             return outcomes
+        for o in outcomes:
+            if o.state != NO_ANSWER:
+                silent_since.pop(o.job_id, None)
+            elif time.time() - silent_since.setdefault(o.job_id, time.time()) > no_answer_s:
+                raise SchedulerError(f"job {o.job_id}: {o.cause.split('; asking')[0]}, for {no_answer_s:.0f} s: "
+                                     "stopped waiting. The job may still run: once the controller is back, "
+                                     f"dlokit.job_outcome({o.job_id!r}) says how it stands")
         if timeout_s is not None and time.time() - start > timeout_s:
             raise TimeoutError(f"jobs still running after {timeout_s:.0f} s: "
                                + ", ".join(f"{o.job_id} ({o.state}{': ' + o.cause if o.cause else ''})"
