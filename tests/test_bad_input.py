@@ -28,10 +28,18 @@ def test_gpu_count_must_be_a_positive_integer(slurm4, workspace, n_gpu):
     assert nothing_written(workspace)
 
 
-def test_gpu_count_must_fill_whole_nodes(slurm4, workspace):
+def test_gpu_count_must_fill_whole_nodes(slurm4, workspace, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(workspace / "no-cluster.conf"))  # no cluster to ask: both offers
     with pytest.raises(JobSpecError, match=r"6 GPUs do not fill whole nodes of 4 GPUs.*ask for 4 or 8"):
         dlokit.gpu_jobs_submitter(HELLO, n_gpu=6, name="bad")
     assert nothing_written(workspace)
+
+
+def test_a_layout_suggestion_is_one_the_cluster_can_run(workspace, slurm_cluster):
+    """The local Slurm has one node of 4 GPUs: 5 GPUs are refused with 4 offered, never 8 (which it refuses)."""
+    dlokit.use_profile("local-slurm")
+    with pytest.raises(JobSpecError, match=r"5 GPUs do not fill whole nodes of 4 GPUs .*ask for 4 \(at most\)$"):
+        dlokit.gpu_jobs_submitter(HELLO, n_gpu=5, name="bad")
 
 
 def test_one_bad_job_in_a_list_stops_them_all(slurm4, workspace):

@@ -159,8 +159,9 @@ def plan(spec: JobSpec, profile: Profile) -> Layout:
                            "use a Slurm profile (dlokit.use_profile('slurm', ...)) for more")
     elif n_gpu % node_gpus:
         lower, upper = n_gpu // node_gpus * node_gpus, (n_gpu // node_gpus + 1) * node_gpus
+        offer = f"{lower} or {upper}" if upper <= _most_gpus(profile, node_gpus, spec.partition) else f"{lower} (at most)"
         raise JobSpecError(f"{n_gpu} GPUs do not fill whole nodes of {node_gpus} GPUs "
-                           f"(profile {profile.name!r}); ask for {lower} or {upper}")
+                           f"(profile {profile.name!r}); ask for {offer}")
     else:
         nodes, gpus_on_node = n_gpu // node_gpus, node_gpus
     if gpus_on_node % per_task:
@@ -177,6 +178,19 @@ def plan(spec: JobSpec, profile: Profile) -> Layout:
     local_gpus = profile.backend == "local" and profile.gpus_per_node == "auto" and _local_gpu_count() == 0
     return Layout(n_gpu=n_gpu, nodes=nodes, gpus_per_node=0 if local_gpus else gpus_on_node,
                   tasks_per_node=tasks_per_node, cpus_per_task=cpus, time_seconds=seconds)
+
+
+def _most_gpus(profile: Profile, node_gpus: int, partition: str | None) -> float:
+    """The most GPUs one job can have on the profile's cluster, in whole nodes (inf when it cannot be asked)."""
+    try:
+        partitions = cluster_limits(profile).values()
+    except ClusterQueryError:
+        return math.inf
+    wanted = partition or profile.partition
+    if wanted:
+        partitions = [p for p in partitions if p.name == wanted] or partitions
+    nodes = [min(len(p.nodes), p.max_nodes or len(p.nodes)) for p in partitions]
+    return max(nodes, default=0) * node_gpus
 
 
 def _local_gpu_count() -> int:
