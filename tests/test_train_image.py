@@ -177,6 +177,11 @@ def test_kill_then_resume_continues_the_same_trajectory(tmp_path, tiny):
     for line in steps:  # same batches, same augmentations, same weights: same losses
         assert line["loss"] == pytest.approx(reference[line["step"]], rel=1e-4, abs=1e-5), line["step"]
     assert resumed["summary"]["resumed_from_step"] == event["step"]
+    # the epoch lines cover the whole epoch, its batches before the checkpoint too (the checkpoint keeps their sums)
+    epochs = {m["epoch"]: m for m in rank_record(tmp_path, "full")["metrics"] if m.get("kind") == "epoch"}
+    for line in (m for m in resumed["metrics"] if m.get("kind") == "epoch"):
+        for key in ("train_loss", "train_acc"):
+            assert line[key] == pytest.approx(epochs[line["epoch"]][key], rel=1e-4, abs=1e-5), (line["epoch"], key)
 
 
 def test_profiler_writes_one_trace_per_rank(tmp_path, tiny):

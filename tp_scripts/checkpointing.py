@@ -21,8 +21,9 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path, *, model, optimizer, scheduler, scaler, epoch: int, batch_in_epoch: int, step: int,
-                    world_size: int, batch_size: int, rng_states: list) -> None:
-    """rng_states: torch.get_rng_state() of every rank, in rank order (see gather_rng_states)."""
+                    world_size: int, batch_size: int, rng_states: list, epoch_totals: list | None = None) -> None:
+    """rng_states: torch.get_rng_state() of every rank, in rank order (see gather_rng_states); epoch_totals: the
+    epoch's sums so far over every rank (loss x images, hits, images), for its epoch line after a resume."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
@@ -36,6 +37,7 @@ def save_checkpoint(path, *, model, optimizer, scheduler, scaler, epoch: int, ba
         "world_size": world_size,
         "batch_size": batch_size,
         "rng_states": rng_states,
+        "epoch_totals": epoch_totals or [0.0, 0.0, 0.0],
     }
     tmp = path.with_name(path.name + ".tmp")
     try:  # written aside, then renamed: a full disk leaves the previous checkpoint whole
@@ -70,7 +72,7 @@ def gather_rng_states(device) -> list:
 
 def load_checkpoint(path, *, model, optimizer, scheduler, scaler, device, rank: int, world_size: int,
                     batch_size: int) -> dict:
-    """Restore every state in place; returns {'epoch', 'batch_in_epoch', 'step', 'path'}."""
+    """Restore every state in place; returns {'epoch', 'batch_in_epoch', 'step', 'epoch_totals', 'path'}."""
     path = resolve(path)
     state = torch.load(path, map_location=device, weights_only=False)
     if (state["world_size"], state["batch_size"]) != (world_size, batch_size):
@@ -87,4 +89,5 @@ def load_checkpoint(path, *, model, optimizer, scheduler, scaler, device, rank: 
     torch.set_rng_state(rng["cpu"].cpu())
     if rng["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
-    return {"epoch": state["epoch"], "batch_in_epoch": state["batch_in_epoch"], "step": state["step"], "path": str(path)}
+    return {"epoch": state["epoch"], "batch_in_epoch": state["batch_in_epoch"], "step": state["step"],
+            "epoch_totals": state.get("epoch_totals") or [0.0, 0.0, 0.0], "path": str(path)}

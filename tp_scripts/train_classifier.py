@@ -323,7 +323,7 @@ def restore(t: Training) -> dict:
     schedule, scaler, random state, position in the epoch)."""
     torch.manual_seed(t.args.seed + 1 + t.rank)  # augmentations: a different random stream per rank
     if not t.args.resume:
-        return {"epoch": 0, "batch_in_epoch": 0, "step": 0}
+        return {"epoch": 0, "batch_in_epoch": 0, "step": 0, "epoch_totals": [0.0, 0.0, 0.0]}
     return load_checkpoint(t.args.resume, model=t.raw_model, optimizer=t.optimizer, scheduler=t.scheduler,
                            scaler=t.scaler, device=t.device, rank=t.rank, world_size=t.world_size,
                            batch_size=t.args.batch_size)
@@ -382,14 +382,15 @@ def train(t: Training, ins: Instrument, start: dict) -> None:
         if t.step >= t.total_steps:
             break
         started = time.perf_counter()
-        first_batch = start["batch_in_epoch"] if epoch == start["epoch"] else 0
-        batch_in_epoch, totals = train_epoch(t, ins, epoch, first_batch)
-        end_of_epoch(t, ins, epoch, totals, started)
+        # resumed mid-epoch: the epoch's sums before the checkpoint (all ranks), for its epoch line
+        first_batch, before = (start["batch_in_epoch"], start["epoch_totals"]) if epoch == start["epoch"] else (0, None)
+        batch_in_epoch, totals = train_epoch(t, ins, epoch, first_batch, before)
+        end_of_epoch(t, ins, epoch, totals, started, before)
         if t.args.checkpoint_epochs and batch_in_epoch == t.steps_per_epoch:
             save(t, ins, epoch + 1, 0)
 
 
-def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int):
+def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, before=None):
     """One pass over this rank's shard (from batch `first_batch` when resuming): (batches done, totals)."""
     args = t.args
     t.data.sampler.skip = first_batch * args.batch_size
@@ -415,9 +416,9 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int):
             t.profiler.step()
         ins.end_step(t.step, epoch=epoch, lr=lr, samples=n * t.world_size, **metrics)
         if args.checkpoint_steps and t.step % args.checkpoint_steps == 0:
-            save(t, ins, epoch, batch_in_epoch)
+            save(t, ins, epoch, batch_in_epoch, epoch_sums(totals, before))
         if ins.checkpoint_due(t.step):  # --checkpoint-on-signal: the job's time is nearly up, save and leave
-            save(t, ins, epoch, batch_in_epoch)
+            save(t, ins, epoch, batch_in_epoch, epoch_sums(totals, before))
             leave_now(ins.checkpointed(epochs=t.epochs_done, val_acc=t.val.get("val_acc"), best_val_acc=t.best_val_acc))
     return batch_in_epoch, totals
 
@@ -473,16 +474,25 @@ def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: float) -> None:
-    """The epoch's loss and accuracy over every image of every rank, then a validation pass."""
+def epoch_sums(totals, before=None) -> list:
+    """The epoch's sums so far over every rank (a collective: every rank calls it), with those before a resume."""
+    now = sum_over_ranks(totals.clone()).tolist()
+    return [a + b for a, b in zip(now, before or [0.0, 0.0, 0.0])]
+
+
+def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: float, before=None) -> None:
+    """The epoch's loss and accuracy over every image of every rank (also those before a resume), then a
+    validation pass. Its time and throughput are this run's part of the epoch."""
     ins.tick(f"the end of epoch {epoch + 1} (all-reduce of its sums)")
-    loss_sum, hits, images = sum_over_ranks(totals).tolist()
+    before = before or [0.0, 0.0, 0.0]
+    loss_sum, hits, images = epoch_sums(totals, before)
+    images_now = images - before[2]
     seconds = time.perf_counter() - started
     t.epochs_done = epoch + 1
     message = f"epoch {epoch + 1}/{t.epochs} in {seconds:.1f} s"
-    if images:  # zero when resuming from a checkpoint taken on the epoch's last step
+    if images_now:  # zero when resuming from a checkpoint taken on the epoch's last step
         ins.log("epoch", epoch=epoch, train_loss=loss_sum / images, train_acc=hits / images, epoch_time_s=seconds,
-                throughput_train=images / seconds)
+                throughput_train=images_now / seconds)
         message += f" | train loss {loss_sum / images:.4f} acc {hits / images:.3f}"
     if t.data.val_loader is not None:
         t.val = evaluate(t.raw_model, t.data.val_loader, t.criterion, t.amp_dtype, t.args.channels_last, ins.tick)
@@ -516,8 +526,8 @@ def evaluate(model, loader, criterion, amp_dtype, channels_last: bool, tick=lamb
     return {"val_loss": loss / max(count, 1), "val_acc": top1 / max(count, 1), "val_acc5": top5 / max(count, 1)}
 
 
-def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int) -> None:
-    """Every rank hands its random state to rank 0, which writes the file."""
+def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int, epoch_totals=None) -> None:
+    """Every rank hands its random state to rank 0, which writes the file (with the epoch's sums so far)."""
     ins.pause()  # between two steps: the step lines so far are written, the next step's pace leaves this out
     ins.tick("a checkpoint (gathering the random states)")
     rng_states = gather_rng_states(t.device)
@@ -525,7 +535,8 @@ def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int) -> None:
         started = time.perf_counter()
         save_checkpoint(t.checkpoint_path, model=t.raw_model, optimizer=t.optimizer, scheduler=t.scheduler,
                         scaler=t.scaler, epoch=epoch, batch_in_epoch=batch_in_epoch, step=t.step,
-                        world_size=t.world_size, batch_size=t.args.batch_size, rng_states=rng_states)
+                        world_size=t.world_size, batch_size=t.args.batch_size, rng_states=rng_states,
+                        epoch_totals=epoch_totals)
         ins.event("checkpoint_saved", path=str(t.checkpoint_path), step=t.step, epoch=epoch,
                   batch_in_epoch=batch_in_epoch, seconds=time.perf_counter() - started)
 
