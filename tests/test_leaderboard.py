@@ -161,3 +161,43 @@ def test_pareto_front_keeps_what_nothing_beats():
     points = [(1.0, 0.50), (2.0, 0.40), (2.0, 0.60), (3.0, 0.60), (0.5, 0.10), (4.0, 0.70)]
     assert race.pareto_front(points) == [4, 0, 2, 5]
     assert race.pareto_front([]) == []
+
+
+def test_verify_race_rescores_each_entry_and_flags_a_forged_record(tmp_path, workspace):
+    """A record edited consistently (its validation lines and summary at 0.999) passes the board's checks; the
+    instructor's verify-race scores the run's final weights again on a test split no student job read, in a job
+    of its own, and flags the claim. The honest entry is not flagged."""
+    import dlokit
+
+    data, test = tmp_path / "tiny", tmp_path / "instructors" / "test"
+    make_synthetic_imagenet.main(["--out", str(data), "--classes", "4", "--train-per-class", "12",
+                                  "--val-per-class", "8", "--size", "36", "--quiet"])
+    make_synthetic_imagenet.main(["--out", str(tmp_path / "held-out"), "--classes", "4", "--train-per-class", "1",
+                                  "--val-per-class", "10", "--size", "36", "--seed", "7", "--quiet"])
+    test.parent.mkdir()
+    (tmp_path / "held-out" / "val").rename(test)  # the held-out images only: one folder per class
+    profile = dlokit.use_profile("local", race_test_dir=str(test))
+    common = f"{SCRIPT} --data {data} --model resnet18 --image-size 32 --batch-size 8 --epochs 2 --lr 0.05 " \
+             "--checkpoint-epochs"
+    honest, forged = dlokit.gpu_jobs_submitter([common, common], n_gpu=1, name="carol", time_max="00:05:00",
+                                               verbose=False)
+    assert [o.state for o in dlokit.wait([honest, forged], timeout_s=300)] == ["COMPLETED"] * 2
+    rank0 = profile.runs / forged / "rank0"
+    lines = [json.loads(line) for line in (rank0 / "metrics.jsonl").open()]
+    (rank0 / "metrics.jsonl").write_text("".join(json.dumps({**line, "val_acc": 0.999} if line["kind"] == "val"
+                                                            else line) + "\n" for line in lines))
+    summary = json.loads((rank0 / "summary.json").read_text())
+    (rank0 / "summary.json").write_text(json.dumps({**summary, "val_acc": 0.999, "best_val_acc": 0.999}))
+    board = race.Leaderboard(profile=profile)
+    board.post(honest)
+    board.post(forged)
+    assert len(board.read()[0]) == 2  # the forged record passes every check the board can make
+
+    table = race.verify_race()
+    assert set(table["run_id"]) == {honest, forged} and table["rank"].tolist() == [1, 2]
+    by_run = table.set_index("run_id")
+    assert by_run.loc[forged, "claimed_top1"] == pytest.approx(0.999, abs=0.02)
+    assert "disagree beyond noise" in by_run.loc[forged, "flag"]
+    assert by_run.loc[honest, "flag"] == "" and 0 <= by_run.loc[honest, "test_top1"] <= 1
+    scoring = dlokit.jobs.find_card(by_run.loc[forged, "score_job"])
+    assert str(test) in scoring.command_line and "checkpoint.pt" in scoring.command_line

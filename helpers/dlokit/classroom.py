@@ -1,6 +1,7 @@
 """The class report: what every student has done, per TP, for the instructor during the session.
 
     python -m dlokit.classroom report RUNS_DIR [--logs LOG_DIR] [--notebooks PATH ...] [--html report.html]
+    python -m dlokit.classroom verify-race [--profile NAME] [--test DIR]   # dlokit.race.verify: re-scored entries
     dlokit.classroom.class_report(runs_dir, logs_dir=..., notebooks=[...])   # the same table, in a notebook cell
 
 One row per student x TP: the check results (✅/❌/➖, from the executed notebooks' stored outputs), the jobs,
@@ -253,6 +254,24 @@ def show(runs_dir, logs_dir=None, notebooks=()):
 
 # ---- command line --------------------------------------------------------------------------------------------
 
+def _verify_race(profile: str | None, test: str | None) -> int:
+    from .profiles import use_profile
+    from .race.verify import VerifyError, verify_race
+
+    if profile:
+        use_profile(profile)
+    try:
+        table = verify_race(test_dir=test)
+    except VerifyError as error:
+        print(f"python -m dlokit.classroom verify-race: error: {error}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.max_colwidth", 120, "display.width", 200):
+        print(table.to_string(index=False) if len(table) else "no accepted leaderboard entry")
+    flagged = table[table["flag"] != ""]
+    print(f"{len(table)} entries scored, {len(flagged)} flagged")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.classroom", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -262,7 +281,12 @@ def main(argv=None) -> int:
     report.add_argument("--notebooks", nargs="*", default=[],
                         help="executed notebooks, or folders searched for them (the check results)")
     report.add_argument("--html", help="also write the report as an HTML page here")
+    verify = sub.add_parser("verify-race", help="score every leaderboard entry's final weights on the test split")
+    verify.add_argument("--profile", default=None, help="the class's profile (its leaderboard, runs and race_test_dir)")
+    verify.add_argument("--test", default=None, help="the test split (default: the profile's race_test_dir)")
     args = parser.parse_args(argv)
+    if args.verb == "verify-race":
+        return _verify_race(args.profile, args.test)
     runs = Path(args.runs_dir)
     if not runs.is_dir():
         print(f"python -m dlokit.classroom: error: {runs} is not a folder (give the runs folder, e.g. "

@@ -65,6 +65,7 @@ class Profile:
     race_budget_gpu_hours: float = 0.0
     race_budget_minutes: float = 0.0
     leaderboard_dir: str = ""  # the race's leaderboard folder, on a shared filesystem; default <runs>/leaderboard
+    race_test_dir: str = ""  # the race's test split, readable by instructors only (python -m dlokit.classroom verify-race)
 
     @property
     def leaderboard(self) -> Path:

@@ -10,14 +10,16 @@
     board = race.Leaderboard(profile=day.profile); board.post(job_id); board.widget(); board.plot()
 
 planner.py (the budget formula), form.py (the ipywidgets form), submit.py (test job, full run, --begin),
-requeue.py (checkpoint on a signal, requeue, resume; reading the segments back), leaderboard.py.
+requeue.py (checkpoint on a signal, requeue, resume; reading the segments back), leaderboard.py, verify.py
+(the instructor's re-scoring of every entry on a test split no student reads).
 """
 from .form import RaceForm, race_form, race_options
 from .leaderboard import Leaderboard, LeaderboardError, pareto_front
 from .planner import RacePlan, RacePlanError, TestRun, make_plan, measure
 from .requeue import RaceHistory, RequeueingTask, history
 from .submit import check_begin, submit_run, submit_test
+from .verify import VerifyError, verify_race
 
 __all__ = ["Leaderboard", "LeaderboardError", "RaceForm", "RaceHistory", "RacePlan", "RacePlanError",
            "RequeueingTask", "TestRun", "check_begin", "history", "make_plan", "measure", "pareto_front",
-           "race_form", "race_options", "submit_run", "submit_test"]
+           "race_form", "race_options", "submit_run", "submit_test", "VerifyError", "verify_race"]

@@ -1,0 +1,57 @@
+"""Score a race run's final weights on the instructor's test split: the job `verify-race` submits per entry.
+
+    python score_checkpoint.py --checkpoint RUNS/<id>/checkpoint.pt --test /instructors/test --model resnet18 \
+        --image-size 64 [--cifar-stem]
+
+The test split is a folder of class folders (ImageFolder) that no student job reads. The model is built by the
+reference training script's own functions, the weights loaded from the checkpoint, and the top-1 written to a
+run record ("val" line and summary `test_acc`, `test_images`) for dlokit.race.verify to read back.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from torchvision import datasets
+
+TP_SCRIPTS = Path(__file__).resolve().parents[3] / "tp_scripts"
+sys.path[:0] = [str(TP_SCRIPTS / "solutions"), str(TP_SCRIPTS)]  # the reference script and its shared modules
+
+from checkpointing import resolve  # noqa: E402
+from image_data import val_transform  # noqa: E402
+from train_classifier import create_model, evaluate, small_image_stem  # noqa: E402
+
+from dlokit.runrecord import RunRecorder  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint.pt, or the run folder holding it")
+    parser.add_argument("--test", required=True, help="the test split: one folder per class")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--image-size", type=int, required=True)
+    parser.add_argument("--cifar-stem", action="store_true", help="the run trained with --cifar-stem")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    test_set = datasets.ImageFolder(args.test, transform=val_transform(args.image_size))
+    model = create_model(args.model, len(test_set.classes))
+    if args.cifar_stem:
+        model = small_image_stem(model)
+    weights = torch.load(resolve(args.checkpoint), map_location="cpu", weights_only=False)["model"]
+    model.load_state_dict(weights)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with RunRecorder({**vars(args), "test_images": len(test_set)}, script=Path(__file__).name) as record:
+        scores = evaluate(model.to(device), DataLoader(test_set, batch_size=args.batch_size), nn.CrossEntropyLoss(),
+                          None, False)
+        record.log("val", epoch=0, step=0, **scores)
+        record.finish(test_acc=scores["val_acc"], test_images=len(test_set))
+    print(f"test top-1 {scores['val_acc']:.4f} over {len(test_set)} images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
