@@ -4,7 +4,8 @@ kernel writes its job logs under `dlokit_jobs/<user>/` and its run records under
 The folder above the users' parts is created open to all, as /tmp is (mode 1777: anyone may add, nobody may
 remove or replace what another user wrote), so the second user can make their own part beside the first's.
 A user's own part of the job logs (`dlokit_jobs/<user>/`: commands, logs, pickled tasks) is theirs alone
-(0700), and must be theirs: a folder made there by someone else is refused, never written into.
+(0700; 0750 in a setgid class folder, whose group the instructor chose, e.g. for the class report), and must be
+theirs: a folder made there by someone else is refused, never written into.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 OPEN_TO_ALL = 0o1777
 PRIVATE = 0o700
+GROUP_READS = 0o050  # r-x for the folder's group
 
 
 class FolderError(PermissionError):
@@ -56,9 +58,11 @@ def shared_top(top: Path, what: str) -> Path:
 
 
 def private_part(path: Path, what: str) -> Path:
-    """`path` (a user's own part, in a shared top folder) exists, belongs to this user and is theirs alone."""
+    """`path` (a user's own part, in a shared top folder) exists, belongs to this user and is theirs alone; in a
+    class folder an instructor made setgid for a group (`install -d -m 2775 -g GROUP`), that group reads it too."""
     shared_top(path.parent, what)
-    _make(path, PRIVATE, what, "")
+    class_folder = path.parent.stat().st_mode & stat.S_ISGID
+    _make(path, PRIVATE | (GROUP_READS if class_folder else 0), what, "")
     if path.stat().st_uid != os.getuid():
         raise FolderError(f"{path} ({what}) belongs to {_owner(path)}, not to you: the kit does not write your jobs "
                           f"into another user's folder. Ask them to remove it, or set log_dir in your profile "
