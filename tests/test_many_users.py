@@ -1,6 +1,7 @@
 """A class on one machine: two real Unix users run the embedded default from one shared notebook folder, as on a
 workshop server with JupyterHub. Each job queues for the machine's devices whatever user holds them, each user's
-job logs are theirs alone, and a folder a user cannot write is named with the fix.
+job logs and run records are theirs alone (and the instructors' group's, in a class folder made for it), the race
+board shows another student's entry as posted, and a folder a user cannot write is named with the fix.
 
 Needs root (it creates two Unix users and runs the kit as each of them with runuser)."""
 from __future__ import annotations
@@ -21,6 +22,7 @@ from conftest import searchable_by_all
 REPO = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).parent / "job_scripts"
 USERS = ("dlokitu1", "dlokitu2")
+INSTRUCTOR, INSTRUCTORS = "dlokiti1", "dlokitins"  # a teacher, and the group the class folders are made for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("useradd"),
                                 reason="needs root, runuser and useradd (real Unix users)")
@@ -110,12 +112,20 @@ dlokit.wait(job, timeout_s=240)
     assert seen["state"] == "PENDING" and f"{USERS[0]}'s job holder" in seen["cause"], seen
 
 
-def test_each_students_job_logs_are_theirs_alone(class_folder):
-    mine = result(as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'interval.py'} 0.1", "private"))
+def can_read(user: str, path: Path | str) -> bool:
+    peek = subprocess.run(["runuser", "-u", user, "--", "cat", str(path)], capture_output=True, text=True)
+    assert peek.returncode == 0 or "Permission denied" in peek.stderr, peek.stderr
+    return peek.returncode == 0
+
+
+def test_each_students_job_logs_and_records_are_theirs_alone(class_folder):
+    mine = result(as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'recorded_sleep.py'} 0.3", "private"))
     folder = Path(mine["folder"]).parent  # dlokit_jobs/<user>
     assert folder.stat().st_mode & 0o077 == 0, oct(folder.stat().st_mode)
-    peek = subprocess.run(["runuser", "-u", USERS[1], "--", "cat", mine["log"]], capture_output=True, text=True)
-    assert peek.returncode != 0 and "Permission denied" in peek.stderr
+    record = class_folder / "runs" / mine["job"]
+    assert record.stat().st_mode & 0o077 == 0, oct(record.stat().st_mode)
+    assert can_read(USERS[0], mine["log"]) and can_read(USERS[0], record / "rank0" / "run.json")
+    assert not can_read(USERS[1], mine["log"]) and not can_read(USERS[1], record / "rank0" / "run.json")
     # the kit itself finds no job of the other student's either
     other = result(as_user(USERS[1], class_folder, """
 import json, sys, dlokit
@@ -138,3 +148,66 @@ def test_a_folder_the_student_cannot_write_is_named_with_the_fix(class_folder):
     assert process.returncode != 0
     last = err.strip().splitlines()[-1]
     assert "FolderError" in last and str(closed / "dlokit_jobs") in last and "chmod 1777" in last, err
+
+
+@pytest.fixture(scope="module")
+def instructors_class(class_folder):
+    """A class folder as the docs tell an instructor to make it: open to all, setgid for the instructors' group."""
+    subprocess.run(["groupadd", "-f", INSTRUCTORS], check=True)
+    if subprocess.run(["id", INSTRUCTOR], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "-G", INSTRUCTORS, INSTRUCTOR], check=True)
+    lab = class_folder / "lab"
+    for name in ("dlokit_jobs", "runs"):
+        subprocess.run(["install", "-d", "-m", "3777", "-g", INSTRUCTORS, str(lab / name)], check=True)
+    lab.chmod(0o1777)  # the tests' lock folder is made in it
+    for user in (*USERS, INSTRUCTOR):
+        home = lab / ".homes" / user
+        home.mkdir(parents=True)
+        shutil.chown(home, user)
+    return lab
+
+
+def test_the_instructors_group_reads_every_student_and_students_read_no_one_else(instructors_class):
+    done = [result(as_user(user, instructors_class, SUBMIT, f"{JOBS / 'recorded_sleep.py'} 0.3", "lab"))
+            for user in USERS]
+    assert [job["state"] for job in done] == ["COMPLETED", "COMPLETED"], done
+    for other, job in [(USERS[1], done[0]), (USERS[0], done[1])]:
+        run_json = instructors_class / "runs" / job["job"] / "rank0" / "run.json"
+        assert can_read(INSTRUCTOR, job["log"]) and can_read(INSTRUCTOR, run_json)
+        assert not can_read(other, job["log"]) and not can_read(other, run_json)
+
+
+RACE = """
+import json, math, sys
+from pathlib import Path
+from dlokit import race
+from dlokit.runrecord import RunRecorder
+action, runs, board_folder = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+board = race.Leaderboard(board_folder, runs, budget_gpu_hours=math.inf)
+if action == "post":  # a finished race run of this student, then its entry
+    with RunRecorder({"model": "resnet18", "batch_size": 8, "image_size": 32}, run_id="1126-101010-abcd",
+                     runs_dir=runs, extra={"name": "ann", "argv": ["--epochs", "1"]}) as recorder:
+        recorder.log("val", epoch=0, step=6, val_loss=1.0, val_acc=0.5, val_acc5=1.0)
+        recorder.finish(steps=6, epochs=1, val_acc=0.5, best_val_acc=0.5)
+    board.post("1126-101010-abcd")
+elif action == "forge":  # another student posts a better score for that run, under a file name of their own
+    entry = json.loads((board_folder / "ann--1126-101010-abcd.json").read_text())
+    (board_folder / "ann-copy.json").write_text(json.dumps({**entry, "top1": 0.99, "final_top1": 0.99}))
+accepted, rejected = board.read()
+print(json.dumps({"accepted": [(e["nickname"], e["top1"], e["checked"]) for e in accepted],
+                  "rejected": [why for _, why in rejected]}))
+"""
+
+
+def test_the_race_board_shows_another_students_entry_as_posted_and_refuses_a_forgery(instructors_class):
+    runs, board = instructors_class / "runs", instructors_class / "runs" / "leaderboard"
+    posted = result(as_user(USERS[0], instructors_class, RACE, "post", str(runs), str(board)))
+    assert posted["accepted"] == [["ann", 0.5, "record"]], posted  # the owner reads their own record
+    seen = result(as_user(USERS[1], instructors_class, RACE, "read", str(runs), str(board)))
+    assert seen["accepted"] == [["ann", 0.5, "as posted"]], seen  # the record is private: shown as posted
+    forged = result(as_user(USERS[1], instructors_class, RACE, "forge", str(runs), str(board)))
+    assert forged["accepted"] == [["ann", 0.5, "as posted"]], forged
+    assert forged["rejected"] == ["posted by another user than the owner of run 1126-101010-abcd"], forged
+    teacher = result(as_user(INSTRUCTOR, instructors_class, RACE, "read", str(runs), str(board)))
+    assert teacher["accepted"] == [["ann", 0.5, "record"]], teacher  # the instructors' group reads the record
+    assert teacher["rejected"] == ["top-1 0.99 claimed, its record says 0.5"], teacher

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from . import jobenv
+from . import jobenv, shared_folders
 
 SCHEMA_VERSION = 1
 PROCESS_START = time.time()
@@ -205,8 +205,11 @@ class RunRecorder:
                  extra: dict | None = None):
         self.run_id = run_id or default_run_id()
         self.rank = rank
-        self.folder = Path(runs_dir or default_runs_dir()) / self.run_id / f"rank{rank}"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        run_folder = Path(runs_dir or default_runs_dir()) / self.run_id
+        run_folder.mkdir(parents=True, exist_ok=True)
+        shared_folders.keep_private(run_folder)  # a student's records are theirs (and the instructors')
+        self.folder = run_folder / f"rank{rank}"
+        self.folder.mkdir(exist_ok=True)
         self.started = time.time()
         self._cpu = CpuUse()
         header = {

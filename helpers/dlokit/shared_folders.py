@@ -4,7 +4,7 @@ kernel writes its job logs under `dlokit_jobs/<user>/` and its run records under
 The folder above the users' parts is created open to all, as /tmp is (mode 1777: anyone may add, nobody may
 remove or replace what another user wrote), so the second user can make their own part beside the first's.
 A user's own part of the job logs (`dlokit_jobs/<user>/`: commands, logs, pickled tasks) is theirs alone
-(0700; 0750 in a setgid class folder, whose group the instructor chose, e.g. for the class report), and must be
+(0700; 0750 in a setgid class folder whose group is the instructors', for the class report), and must be
 theirs: a folder made there by someone else is refused, never written into.
 """
 from __future__ import annotations
@@ -40,8 +40,15 @@ def _make(path: Path, mode: int, what: str, fix: str) -> None:
     except PermissionError:
         raise FolderError(f"cannot create {path} ({what}): {path.parent} belongs to {_owner(path.parent)} and is "
                           f"not writable by you. {fix}") from None
-    if path.stat().st_uid == os.getuid():
-        path.chmod(mode)
+    _set_mode(path, mode)
+
+
+def _set_mode(path: Path, mode: int) -> None:
+    """chmod only where the bits differ: a chmod by a user outside the folder's group drops the setgid bit that a
+    class folder gave it, and with it the instructors' group of everything made inside."""
+    info = path.stat()
+    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & ~stat.S_ISGID != mode:
+        path.chmod(mode | stat.S_IMODE(info.st_mode) & stat.S_ISGID)
 
 
 def shared_top(top: Path, what: str) -> Path:
@@ -57,12 +64,24 @@ def shared_top(top: Path, what: str) -> Path:
     return top
 
 
+def private_mode(parent: Path) -> int:
+    """The mode of a user's own folder in `parent`: theirs alone (0700), or also read by the group of a class
+    folder an instructor made setgid for the instructors' group (`install -d -m 3777 -g INSTRUCTORS`: everyone
+    adds, the new folders take that group), so the instructors read every student's part (0750, setgid kept)."""
+    return PRIVATE | (GROUP_READS if parent.stat().st_mode & stat.S_ISGID else 0)
+
+
+def keep_private(path: Path) -> Path:
+    """Give a folder this user just made the mode of a user's own part (see private_mode)."""
+    _set_mode(path, private_mode(path.parent))
+    return path
+
+
 def private_part(path: Path, what: str) -> Path:
-    """`path` (a user's own part, in a shared top folder) exists, belongs to this user and is theirs alone; in a
-    class folder an instructor made setgid for a group (`install -d -m 2775 -g GROUP`), that group reads it too."""
+    """`path` (a user's own part, in a shared top folder) exists, belongs to this user and is theirs alone (or
+    read by the instructors' group too, see private_mode)."""
     shared_top(path.parent, what)
-    class_folder = path.parent.stat().st_mode & stat.S_ISGID
-    _make(path, PRIVATE | (GROUP_READS if class_folder else 0), what, "")
+    _make(path, private_mode(path.parent), what, "")
     if path.stat().st_uid != os.getuid():
         raise FolderError(f"{path} ({what}) belongs to {_owner(path)}, not to you: the kit does not write your jobs "
                           f"into another user's folder. Ask them to remove it, or set log_dir in your profile "

@@ -9,7 +9,10 @@ No database and no lock (NFS locks are unreliable): each entry is its own file, 
 then renamed (os.replace is atomic), so thirty students posting at once lose and tear nothing. Nothing in an
 entry is trusted: reading the board (and `verify`) re-reads each run's record from the board's runs folder
 and rejects an entry whose score, GPU-hours or student do not match it, or whose record is missing; what the
-board shows of an accepted entry comes from the record, never from the file, and a run shows once. No
+board shows of an accepted entry comes from the record, never from the file, and a run shows once. Another
+student's record is theirs (only they and the instructors read it): such an entry is shown as posted
+("checked": "as posted") if the Unix user who posted it owns the run, and the instructor's verify-race, which
+reads every record, re-scores it. No
 secret anywhere: no API key, no hosted service.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .requeue import history
 SCHEMA = 1
 TOLERANCE = 1e-9
 COLUMNS = ["rank", "nickname", "top1", "final_top1", "gpu_hours", "over_budget", "energy", "gpus", "epochs",
-           "model", "image_size", "batch_size", "options", "run_id", "job_id", "posted"]
+           "model", "image_size", "batch_size", "options", "run_id", "job_id", "checked", "posted"]
 
 
 def effective_options(argv) -> list[str]:
@@ -125,8 +128,9 @@ class Leaderboard:
 
     # ---- reading -----------------------------------------------------------------------------------------
 
-    def verify(self, entry) -> str | None:
-        """None when the entry matches its run's record, else why it is rejected."""
+    @staticmethod
+    def well_formed(entry) -> str | None:
+        """None when the entry has the shape of one, else why not."""
         if not isinstance(entry, dict) or entry.get("schema") != SCHEMA:
             return "not a leaderboard entry"
         nickname, run_id = entry.get("nickname"), entry.get("run_id")
@@ -136,6 +140,20 @@ class Leaderboard:
         for key in ("top1", "final_top1", "gpu_hours"):
             if not is_number(entry.get(key)):
                 return f"'{key}' is not a number"
+        return None
+
+    def private_record(self, entry: dict, path: Path) -> str | None:
+        """For an entry whose run record this user may not read (another student's, see shared_folders): None
+        when the entry file was posted by the Unix user who owns the run, else why it is rejected."""
+        if path.stat().st_uid != (self.runs_dir / entry["run_id"]).stat().st_uid:
+            return f"posted by another user than the owner of run {entry['run_id']}"
+        return None
+
+    def verify(self, entry) -> str | None:
+        """None when the entry matches its run's record, else why it is rejected."""
+        if why := self.well_formed(entry):
+            return why
+        nickname, run_id = entry["nickname"], entry["run_id"]
         found = history(run_id, self.runs_dir)
         if not found.segments:
             return f"its run record {run_id} is missing from {self.runs_dir}"
@@ -168,17 +186,27 @@ class Leaderboard:
             except (OSError, ValueError) as error:
                 rejected.append((path.name, f"unreadable ({type(error).__name__})"))
                 continue
-            why = self.verify(entry)
+            private = not (why := self.well_formed(entry)) and self._unreadable(entry["run_id"])
+            why = why or (self.private_record(entry, path) if private else self.verify(entry))
             if not why and entry["run_id"] in shown:
                 why = f"a second entry for run {entry['run_id']} (the board shows {shown[entry['run_id']]})"
             if why:
                 rejected.append((path.name, why))
                 continue
             shown[entry["run_id"]] = path.name
-            fresh = self.entry(entry["run_id"], entry["nickname"])  # with this board's budget
+            if private:  # only its owner and the instructors read it: shown as posted, re-scored by verify-race
+                fresh = {key: entry.get(key) for key in COLUMNS if key not in ("rank", "posted", "energy")}
+                fresh.update(energy_wh=entry.get("energy_wh"), energy_source=entry.get("energy_source"),
+                             over_budget=entry["gpu_hours"] > self.budget_gpu_hours, checked="as posted")
+            else:
+                fresh = {**self.entry(entry["run_id"], entry["nickname"]), "checked": "record"}  # this budget
             fresh["posted_at"] = entry["posted_at"] if is_number(entry.get("posted_at")) else None
             accepted.append(fresh)
         return accepted, rejected
+
+    def _unreadable(self, run_id: str) -> bool:
+        folder = self.runs_dir / run_id
+        return folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK)
 
     def table(self) -> pd.DataFrame:
         """The verified entries, best top-1 first (then fewer GPU-hours)."""
