@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def local_slurm(slurm_cluster, workspace):
-    getattr(jobspec, "_cluster_cache", {}).clear()  # each test asks the cluster afresh
+    jobspec._cluster_cache.clear()  # each test asks the cluster afresh
+    jobspec._accounts_cache.clear()
     yield dlokit.use_profile("local-slurm")
     # whatever a test left in the queue (a job the old code accepted stays PENDING forever)
     subprocess.run(["scancel", "-u", getpass.getuser()], capture_output=True, timeout=30)
@@ -39,6 +40,17 @@ def test_a_job_that_could_never_start_is_refused_naming_the_limit(local_slurm, w
     with pytest.raises(dlokit.JobSpecError, match=limit):
         dlokit.gpu_jobs_submitter(HELLO, name="never", **options)
     assert not (workspace / "jobs").exists(), "nothing is written for a refused job"
+
+
+def test_an_account_that_is_not_the_users_is_refused_naming_theirs(local_slurm, workspace):
+    with pytest.raises(dlokit.JobSpecError, match=r"account 'nosuch' is not one of yours on this cluster; you may "
+                                                  r"charge: dlokit(, root)?\. Set account= in the call, or in profile"):
+        dlokit.gpu_jobs_submitter(HELLO, name="noacct", account="nosuch")
+    # and Slurm itself refuses it too, as a real site does (AccountingStorageEnforce)
+    done = subprocess.run(["sbatch", "-A", "nosuch", "--wrap", "true"], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "Invalid account" in done.stderr, done.stderr
+    [job] = dlokit.gpu_jobs_submitter(SLEEP + " 0", name="acct", account="dlokit")
+    assert dlokit.wait(job, timeout_s=120)[0].state == "COMPLETED"
 
 
 def test_more_memory_than_a_node_has_is_refused(local_slurm, workspace):

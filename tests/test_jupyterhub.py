@@ -111,7 +111,8 @@ def hub(slurm_cluster, tmp_path):
     synthetic_data(TINY["TRAIN_PER_CLASS"], TINY["IMAGE_SIZE"])  # the tiny data set, made as the instructor
     with searchable_by_all(slurm_cluster, REPO):
         try:
-            run(["bash", str(HUB_SCRIPTS / "setup.sh"), "--users", USER, "--home-base", str(homes)],
+            run(["bash", str(HUB_SCRIPTS / "setup.sh"), "--users", USER, "--home-base", str(homes),
+                 "--slurm-account", "dlokit"],
                 env={**env, "DLOKIT_HUB_PASSWORD": password})
             home = homes / USER
             notebook = home / "notebooks" / "day1_single_gpu.ipynb"

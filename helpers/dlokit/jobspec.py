@@ -7,6 +7,7 @@ layout or a time limit that could never start there.
 """
 from __future__ import annotations
 
+import getpass
 import math
 import os
 import re
@@ -378,6 +379,34 @@ def cluster_limits(profile: Profile) -> dict[str, Partition]:
             raise ClusterQueryError("scontrol lists no partition")
         _cluster_cache[key] = partitions
     return _cluster_cache[key]
+
+
+_accounts_cache: dict[tuple, list[str]] = {}
+
+
+def user_accounts(profile: Profile) -> list[str]:
+    """The Slurm accounts this user may charge (their associations in sacctmgr), asked once per session."""
+    key = (profile.name, os.environ.get("SLURM_CONF", ""))
+    if key not in _accounts_cache:
+        command = ["sacctmgr", "-n", "-P", "show", "associations", f"user={getpass.getuser()}", "format=account"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=15)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ClusterQueryError(f"sacctmgr: {err}") from None
+        if done.returncode:
+            raise ClusterQueryError(f"sacctmgr: {(done.stderr or done.stdout).strip()}")
+        _accounts_cache[key] = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
+    return _accounts_cache[key]
+
+
+def check_account(spec: JobSpec, profile: Profile) -> None:
+    """Refuse an account this user has no association with (Slurm would refuse it, or, without
+    AccountingStorageEnforce, charge the hours to another account without a word)."""
+    account = spec.account or profile.account
+    accounts = user_accounts(profile) if account else []
+    if accounts and account not in accounts:
+        raise JobSpecError(f"account {account!r} is not one of yours on this cluster; you may charge: "
+                           f"{', '.join(accounts)}. Set account= in the call, or in profile {profile.name!r}")
 
 
 def _plural(number: int, word: str) -> str:

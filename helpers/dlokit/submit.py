@@ -26,8 +26,8 @@ from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 from submitit.local.local import LocalJob
 
 from . import devices, jobenv, jobs, rank, shared_folders
-from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_fits, cluster_limits, plan, setup_lines,
-                      slurm_parameters, uses_modules)
+from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, cluster_limits, plan,
+                      setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
 
 # Run before the script on the local backend when the job has a memory limit: set this task's
@@ -313,7 +313,14 @@ def _check_scripts(specs: list[JobSpec]) -> None:
 
 
 def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile: Profile, verbose: bool) -> None:
-    """Refuse what the cluster could never start (it would stay PENDING); if it cannot be asked, say so."""
+    """Refuse what the cluster could never start (it would stay PENDING) or an account that is not the user's; if
+    the cluster cannot be asked, say so."""
+    try:
+        for spec in specs:
+            check_account(spec, profile)
+    except ClusterQueryError as err:
+        if verbose:
+            print(f"note: could not ask Slurm's accounting for your accounts ({err}); submitting without checking")
     try:
         partitions = cluster_limits(profile)
     except ClusterQueryError as err:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what a JupyterHub on the (local) Slurm needs, and optionally create student accounts.
-# Usage: scripts/jupyterhub/setup.sh [--users alice,bob] [--home-base DIR] [--group NAME]
+# Usage: scripts/jupyterhub/setup.sh [--users alice,bob] [--home-base DIR] [--group NAME] [--instructors NAME]
+#                                    [--slurm-account NAME]
 #
 # - A virtual environment for the hub AND the students' servers and kernels (DLOKIT_HUB_VENV, default
 #   <repo>/.state/jupyterhub/venv): jupyterhub, batchspawner, the Python configurable-http-proxy,
@@ -11,11 +12,14 @@
 # - Day 1 and Day 2's default synthetic data set made once in data/generated/ (students cannot write there).
 # - With --users (needs root): the Unix group (--group, default dlokit; the hub lets in its members only),
 #   the class's shared folder (DLOKIT_HUB_CLASS_DIR, default <repo>/.state/class: runs/ with the race's
-#   runs/leaderboard/ and Day 3's runs/hpo/, group-writable with the setgid bit) and one account per
+#   runs/leaderboard/ and Day 3's runs/hpo/, open to all and setgid for the instructors' group (--instructors,
+#   default dlokit-instructors): each student's run records are theirs and the instructors'), one account per
 #   name, home in --home-base (default /home), with a copy of notebooks/ and tp_scripts/. The password is
 #   $DLOKIT_HUB_PASSWORD (also set for existing accounts), else a random one for each new account, written
 #   to $DLOKIT_HUB_DIR/passwords.txt (0600). An existing account is otherwise kept as it is (added to the
-#   group; its home made and filled if missing).
+#   group; its home made and filled if missing). --slurm-account: each student also gets an association
+#   with that account in Slurm's accounting (sacctmgr), which a cluster that enforces them (the local
+#   Slurm does) needs before it runs their jobs.
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # REPO, HUB_DIR, VENV, CLASS_DIR (log and die: below)
@@ -23,20 +27,25 @@ HUB_PYTHON="${HUB_PYTHON:-/usr/bin/python3}"
 
 log() { echo "[jupyterhub setup] $*" >&2; }
 die() { log "ERROR: $1"; exit "${2:-1}"; }
-usage() { echo "usage: $0 [--users NAME,NAME...] [--home-base DIR] [--group NAME]" >&2; exit 2; }
+usage() { echo "usage: $0 [--users NAME,NAME...] [--home-base DIR] [--group NAME] [--instructors NAME]" \
+    "[--slurm-account NAME]" >&2; exit 2; }
 
-users=""; home_base="/home"; group="${DLOKIT_HUB_GROUP:-dlokit}"
+users=""; home_base="/home"; group="${DLOKIT_HUB_GROUP:-dlokit}"; instructors="dlokit-instructors"; account=""
 while (($#)); do
     case "$1" in
         --users) (($# >= 2)) || usage; users="$2"; shift 2 ;;
         --home-base) (($# >= 2)) || usage; home_base="$2"; shift 2 ;;
         --group) (($# >= 2)) || usage; group="$2"; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --instructors) (($# >= 2)) || usage; instructors="$2"; shift 2 ;;
+        --slurm-account) (($# >= 2)) || usage; account="$2"; shift 2 ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown option: $1" >&2; usage ;;
     esac
 done
 name_ok() { [[ "$1" =~ ^[a-z_][a-z0-9_-]{0,31}$ ]]; }
 name_ok "$group" || die "--group '$group' is not a valid Unix group name" 2
+name_ok "$instructors" || die "--instructors '$instructors' is not a valid Unix group name" 2
+[[ -z "$account" || "$account" =~ ^[A-Za-z0-9_.@-]+$ ]] || die "--slurm-account '$account': letters, digits, _ . @ -" 2
 IFS=',' read -r -a user_list <<<"$users"
 for u in "${user_list[@]}"; do
     name_ok "$u" || die "user name '$u' is not a valid Unix user name (lower-case letters, digits, _ and -)" 2
@@ -94,10 +103,13 @@ copy_course() {  # copy_course USER HOME: the notebooks and the training scripts
 }
 if ((${#user_list[@]})); then
     getent group "$group" >/dev/null || groupadd "$group"
+    getent group "$instructors" >/dev/null || groupadd "$instructors"
     mkdir -p "$HUB_DIR" "$home_base"
-    # every student writes run records, leaderboard entries and Optuna journals here, and reads the others'
-    for dir in "$CLASS_DIR" "$CLASS_DIR/runs" "$CLASS_DIR/runs/leaderboard" "$CLASS_DIR/runs/hpo"; do
-        install -d -g "$group" -m 2775 "$dir"
+    # every student writes run records, leaderboard entries and Optuna journals here; a run record is its
+    # student's and the instructors' (the kit makes it 0750 in a setgid folder), the leaderboard everyone's
+    install -d -m 0755 "$CLASS_DIR"
+    for dir in "$CLASS_DIR/runs" "$CLASS_DIR/runs/leaderboard" "$CLASS_DIR/runs/hpo"; do
+        install -d -g "$instructors" -m 3777 "$dir"
     done
     for u in "${user_list[@]}"; do
         password="${DLOKIT_HUB_PASSWORD:-}"
@@ -115,6 +127,10 @@ if ((${#user_list[@]})); then
         home="$(getent passwd "$u" | cut -d: -f6)"
         [[ -d "$home" ]] || install -d -o "$u" -g "$(id -gn "$u")" -m 0750 "$home"
         copy_course "$u" "$home"
+        if [[ -n "$account" ]]; then
+            sacctmgr -i -Q add user "$u" Account="$account" DefaultAccount="$account" >/dev/null ||
+                die "could not give $u an association with Slurm account $account (is slurmdbd up, the account there?)"
+        fi
     done
 fi
 log "ready: $VENV (start the hub with scripts/jupyterhub/start.sh)"

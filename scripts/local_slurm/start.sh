@@ -199,6 +199,8 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageTRES=gres/gpu
+# As a real site: a job whose user has no association with its account is refused at submission.
+AccountingStorageEnforce=associations
 JobAcctGatherType=jobacct_gather/linux
 # No cgroups here: a step over its memory limit is killed when sampled (every second) -> OUT_OF_MEMORY.
 JobAcctGatherParams=OverMemoryKill
