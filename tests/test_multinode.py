@@ -128,10 +128,11 @@ def test_start_sh_refuses_a_bad_node_count():
 
 
 def test_the_course_cell_at_eight_gpus_runs_as_two_nodes_of_four_tasks(two_nodes, capsys):
-    """The original course's cell, unchanged: 8 GPUs are 2 nodes of 4 here (1 node of 8 on jean-zay)."""
+    """The original course's cell, with this cluster's account for Jean Zay's: 8 GPUs are 2 nodes of 4 here (1 node
+    of 8 on jean-zay)."""
     from idr_pytools import gpu_jobs_submitter
 
-    ids = gpu_jobs_submitter(f"{NODE_ENV}", n_gpu=8, module="pytorch-gpu/py3/2.6.0", account="abc@a100",
+    ids = gpu_jobs_submitter(f"{NODE_ENV}", n_gpu=8, module="pytorch-gpu/py3/2.6.0", account="dlokit",
                              time_max="00:10:00", name="cell")
     out = capsys.readouterr().out
     assert "module 'pytorch-gpu/py3/2.6.0' left out" in out and "8 GPUs on 2 nodes - 8 tasks (4 per node)" in out
