@@ -18,3 +18,17 @@ def test_cli_preview_refuses_bad_input_with_exit_code_2():
     result = subprocess.run([sys.executable, "-m", "dlokit.cli", "preview", "--profile", "local-slurm",
                              "--n-gpu", "6", "x.py"], capture_output=True, text=True)
     assert result.returncode == 2 and "6 GPUs do not fill whole nodes" in result.stderr
+
+
+def test_architecture_names_every_helper_module_once_and_every_path_it_names_exists():
+    import re
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    table = page.split("## The helpers, by who uses them", 1)[1]
+    named = re.findall(r"`([\w/]+(?:\.py|/))`", table.split("\n\n", 2)[2].split("\n\n")[0])
+    package = REPO / "helpers" / "dlokit"
+    present = [p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+               if p.suffix == ".py" or (p / "__init__.py").is_file()]
+    assert sorted(named) == sorted(present), "docs/architecture.md's table of helpers is out of step"
+    for path in re.findall(r"`((?:helpers|tp_scripts|docs|tests|scripts)/[\w/.-]+)`", page):
+        assert (REPO / path).exists(), f"docs/architecture.md names {path}, which does not exist"

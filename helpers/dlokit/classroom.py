@@ -37,7 +37,7 @@ from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
 from .energy import jobs_usage
 from .jobs import BadCard, job_outcome, load_card
-from .race.requeue import SEGMENT, base_id
+from .analysis.race_history import SEGMENT, base_id
 
 UNTAGGED, OTHER = "untagged", "other"
 ENDED_WELL = ("COMPLETED", "completed")

@@ -432,7 +432,7 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
     if card.extra.get("requeue"):  # a race job: checkpointed on a signal, requeued, resumed...
-        from .race.requeue import requeue_note
+        from .analysis.race_history import requeue_note
 
         outcome.cause = "\n".join(text for text in (outcome.cause, requeue_note(card)) if text)
     return outcome

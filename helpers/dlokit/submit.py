@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import submitit
 from submitit.core.utils import FailedJobError
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
@@ -63,7 +64,7 @@ class ScriptTask:
 
         def on_stop(signum, _frame):  # cancelled: tell the script (its RunRecorder records it), end quietly
             stopped.append(signum)
-            for pid in _children(os.getpid()):
+            for pid in children_of(os.getpid()):
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
@@ -94,15 +95,12 @@ def _own_gpus(env: dict) -> None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * per_task:(rank + 1) * per_task])
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
+def children_of(pid: int) -> list[int]:
+    """The pids of a process's children (the script a task runs)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
 
 
 def _memory_limit_mb(job, env: dict) -> int:

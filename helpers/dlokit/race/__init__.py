@@ -16,7 +16,8 @@ requeue.py (checkpoint on a signal, requeue, resume; reading the segments back),
 from .form import RaceForm, race_form, race_options
 from .leaderboard import Leaderboard, LeaderboardError, pareto_front
 from .planner import RacePlan, RacePlanError, TestRun, make_plan, measure
-from .requeue import RaceHistory, RequeueingTask, history
+from ..analysis.race_history import RaceHistory, history
+from .requeue import RequeueingTask
 from .submit import check_begin, submit_run, submit_test
 from .verify import VerifyError, verify_race
 

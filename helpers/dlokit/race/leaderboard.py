@@ -32,7 +32,7 @@ from ..jobs import JOB_ID_PATTERN
 from ..jobspec import NAME_PATTERN
 from ..profiles import Profile, current_profile
 from ..runrecord import is_number
-from .requeue import history
+from ..analysis.race_history import history
 
 SCHEMA = 1
 TOLERANCE = 1e-9

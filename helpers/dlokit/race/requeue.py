@@ -10,17 +10,15 @@ runs the same command plus `--resume <the newest checkpoint of the earlier segme
 or killed without warning (a node failure, SIGTERM) loses at most one checkpoint interval.
 
 Segment k of job J writes its run record under <runs>/J (k = 0), then <runs>/J.r1, <runs>/J.r2... :
-nothing of an earlier segment is overwritten. `history(J)` reads them back in order.
+nothing of an earlier segment is overwritten. `history(J)` (dlokit.analysis.race_history) reads them back in order.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import submitit
@@ -28,22 +26,10 @@ from submitit.core.utils import FailedJobError
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller then starts the tasks again
 
 from .. import jobenv
-from ..analysis.run import Run, load_run
-from ..energy import Usage, jobs_usage
-from ..submit import ScriptTask, _children
+from ..analysis.race_history import segment_id
+from ..submit import ScriptTask, children_of
 
 REQUEUE_EXIT_CODE = 75  # tp_scripts/instrument.py: checkpointed on a signal, run me again with --resume
-SEGMENT = re.compile(r"(?P<base>.+)\.r(?P<k>\d+)")
-
-
-def segment_id(base: str, segment: int) -> str:
-    return base if segment == 0 else f"{base}.r{segment}"
-
-
-def base_id(run_id: str) -> str:
-    """The job's run id of any of its segments ('1234.r2' -> '1234')."""
-    match = SEGMENT.fullmatch(str(run_id))
-    return match["base"] if match else str(run_id)
 
 
 def option_value(argv: list[str], option: str) -> str | None:
@@ -119,7 +105,7 @@ class RequeueingTask(ScriptTask):
 
 def _forward_to_script(signum, _frame) -> None:
     """The time is nearly up: tell the script (it may not have got Slurm's signal; locally it never does)."""
-    for pid in _children(os.getpid()):
+    for pid in children_of(os.getpid()):
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -144,98 +130,3 @@ def _completed(folder: Path) -> bool:
         return json.loads((folder / "rank0" / "summary.json").read_text()).get("status") == "completed"
     except (OSError, ValueError, AttributeError):
         return False
-
-
-# ---- reading a requeued run back ---------------------------------------------------------------------
-
-@dataclass
-class RaceHistory:
-    """Every segment of one race job, oldest first, and what happened between them."""
-
-    job_id: str
-    segments: list[Run]
-
-    @property
-    def val(self):
-        """The per-epoch validation lines across the segments (epoch, step, val_acc, val_acc5, val_loss, run_id).
-        An epoch validated twice (a segment killed without warning, redone from an older checkpoint) keeps the
-        later line: the one on the path the run went on with."""
-        import pandas as pd
-
-        rows = [{"run_id": run.run_id, **m} for run in self.segments for m in run.rank0["metrics"]
-                if m.get("kind") == "val"]
-        table = pd.DataFrame(rows, columns=["run_id", "epoch", "step", "val_loss", "val_acc", "val_acc5"])
-        if table.empty:
-            return table[["epoch", "step", "val_acc", "val_acc5", "val_loss", "run_id"]]
-        table = table.drop_duplicates("epoch", keep="last").sort_values("epoch").reset_index(drop=True)
-        return table[["epoch", "step", "val_acc", "val_acc5", "val_loss", "run_id"]]
-
-    @property
-    def best_top1(self) -> float | None:
-        val = self.val
-        return None if val.empty else float(val["val_acc"].max())
-
-    @property
-    def final_top1(self) -> float | None:
-        val = self.val
-        return None if val.empty else float(val["val_acc"].iloc[-1])
-
-    @property
-    def state(self) -> str:
-        return self.segments[-1].state if self.segments else "missing"
-
-    @property
-    def usage(self) -> Usage:
-        return jobs_usage(self.segments)
-
-    def events(self) -> list[str]:
-        """One line per segment: how it started and how it ended."""
-        lines = []
-        for k, run in enumerate(self.segments):
-            metrics = run.rank0["metrics"]
-            resumed = next((m for m in metrics if m.get("event") == "resumed"), None)
-            start = f"resumed from step {resumed.get('step')}" if resumed else ("started" if k == 0 else
-                                                                                 "started again from step 0")
-            summary = run.summary
-            status = summary.get("status") or run.state
-            if status == "checkpointed":
-                end = (f"checkpointed on {summary.get('signal')} at step {summary.get('steps')} "
-                       f"(epoch {int(summary.get('epochs') or 0) + 1}), requeued")
-            elif status == "cancelled":
-                end = f"cancelled ({summary.get('signal') or summary.get('error')}) at step {summary.get('steps')}"
-            elif summary:
-                end = f"{status} at step {summary.get('steps')}"
-            else:
-                end = run.state
-            lines.append(f"segment {k} (run {run.run_id}): {start}; {end}")
-        return lines
-
-    def describe(self) -> str:
-        usage = self.usage
-        best = "n/a" if self.best_top1 is None else f"{self.best_top1:.3f}"
-        head = (f"race job {self.job_id}: {len(self.segments)} segment(s), {len(self.val)} epoch(s) validated, "
-                f"best top-1 {best}, {usage.gpu_hours or 0:.3g} GPU-hours, energy {usage.energy_text}")
-        return "\n".join([head, *[f"  {line}" for line in self.events()]])
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-
-def history(job_id: str, runs_dir=None) -> RaceHistory:
-    """The segments of a race job (by its job id, or the run id of any segment), oldest first."""
-    from ..analysis.run import runs_folder
-
-    base = base_id(str(job_id))
-    root = runs_folder(runs_dir)
-    later = sorted((int(m["k"]), p.name) for p in root.glob(f"{base}.r*")
-                   if (m := SEGMENT.fullmatch(p.name)) and m["base"] == base)
-    names = ([base] if (root / base).is_dir() else []) + [name for _, name in later]
-    return RaceHistory(base, [load_run(name, root) for name in names])
-
-
-def requeue_note(card) -> str:
-    """For dlokit.job_outcome: what happened to a race job's segments ('' when it ran in one go)."""
-    found = history(card.job_id, card.runs_dir)
-    if len(found.segments) < 2 and not any("requeued" in line for line in found.events()):
-        return ""
-    return "\n".join(found.events())

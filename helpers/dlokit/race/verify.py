@@ -24,7 +24,7 @@ from ..profiles import current_profile
 from ..runrecord import is_number
 from ..submit import gpu_jobs_submitter
 from .leaderboard import Leaderboard
-from .requeue import history
+from ..analysis.race_history import history
 
 SCORER = Path(__file__).with_name("score_checkpoint.py")
 COLUMNS = ["rank", "nickname", "run_id", "claimed_top1", "claimed_low", "claimed_high", "test_top1", "test_low",
