@@ -167,6 +167,10 @@ def instructors_class(class_folder):
     return lab
 
 
+NAMED_GROUP = SUBMIT.replace('dlokit.use_profile("local")', 'dlokit.use_profile("local", instructors_group=sys.argv[3])')
+NAMED_GROUP = NAMED_GROUP.replace("verbose=False", "verbose=True")
+
+
 def test_the_instructors_group_reads_every_student_and_students_read_no_one_else(instructors_class):
     done = [result(as_user(user, instructors_class, SUBMIT, f"{JOBS / 'recorded_sleep.py'} 0.3", "lab"))
             for user in USERS]
@@ -211,3 +215,15 @@ def test_the_race_board_shows_another_students_entry_as_posted_and_refuses_a_for
     teacher = result(as_user(INSTRUCTOR, instructors_class, RACE, "read", str(runs), str(board)))
     assert teacher["accepted"] == [["ann", 0.5, "record"]], teacher  # the instructors' group reads the record
     assert teacher["rejected"] == ["top-1 0.99 claimed, its record says 0.5"], teacher
+
+
+def test_a_class_folder_the_instructors_cannot_read_is_named_once(instructors_class, class_folder):
+    """The profile names the instructors' group: no word where the folders are theirs, a note where they are not."""
+    theirs = as_user(USERS[0], instructors_class, NAMED_GROUP, f"{JOBS / 'interval.py'} 0.1", "named", INSTRUCTORS)
+    out, err = theirs.communicate(timeout=300)
+    assert theirs.returncode == 0 and "cannot read" not in out, out + err
+    other = as_user(USERS[0], class_folder, NAMED_GROUP, f"{JOBS / 'interval.py'} 0.1", "named", INSTRUCTORS)
+    out, err = other.communicate(timeout=300)
+    notes = [line for line in out.splitlines() if "cannot read" in line]
+    assert other.returncode == 0 and len(notes) == 2, out + err  # the job logs' folder and the runs folder
+    assert f"install -d -m 3777 -g {INSTRUCTORS} {class_folder / 'runs'}" in notes[1], notes

@@ -66,6 +66,10 @@ class Profile:
     race_budget_minutes: float = 0.0
     leaderboard_dir: str = ""  # the race's leaderboard folder, on a shared filesystem; default <runs>/leaderboard
     race_test_dir: str = ""  # the race's test split, readable by instructors only (python -m dlokit.classroom verify-race)
+    # the instructors' Unix group: the class folders (log_dir's parent, runs_dir) are made setgid for it
+    # (install -d -m 3777 -g GROUP), so that they read every student's logs and records; a student whose
+    # folders are not is told so at their first submission
+    instructors_group: str = ""
 
     @property
     def leaderboard(self) -> Path:

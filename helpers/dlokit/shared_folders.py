@@ -9,6 +9,7 @@ theirs: a folder made there by someone else is refused, never written into.
 """
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import stat
@@ -87,3 +88,13 @@ def private_part(path: Path, what: str) -> Path:
                           f"into another user's folder. Ask them to remove it, or set log_dir in your profile "
                           "(DLOKIT_LOG_DIR) to a folder of yours")
     return path
+
+
+def read_by_group(top: Path, group: str) -> bool:
+    """Is `top` a class folder whose users' parts `group` reads (setgid for that group, see private_mode)?"""
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return False
+    info = top.stat()
+    return bool(info.st_mode & stat.S_ISGID) and info.st_gid == gid

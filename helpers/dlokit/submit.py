@@ -232,6 +232,8 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
 
     shared_folders.private_part(profile.logs, "your job logs")  # a clear error, before anything is submitted
     shared_folders.shared_top(profile.runs, "run records")
+    if verbose:
+        _note_unread_by_instructors(profile)
     cards = []
     groups = itertools.groupby(sorted(zip(specs, layouts), key=lambda p: _group_key(*p)), key=lambda p: _group_key(*p))
     for _, members in groups:
@@ -328,6 +330,19 @@ def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile:
         return
     for spec, layout in zip(specs, layouts):
         check_fits(spec, profile, layout, partitions)
+
+
+_noted_folders: set[Path] = set()
+
+
+def _note_unread_by_instructors(profile: Profile) -> None:
+    """Once per folder and session: the profile names the instructors' group, but a class folder is not theirs."""
+    group = profile.instructors_group
+    for top in (profile.logs.parent, profile.runs) if group else ():
+        if top not in _noted_folders and not shared_folders.read_by_group(top, group):
+            _noted_folders.add(top)
+            print(f"note: the instructors ({group!r}) cannot read what you write in {top}: it should be a class "
+                  f"folder of their group (an instructor runs `install -d -m 3777 -g {group} {top}`)")
 
 
 SLURM_ONLY = ("account", "partition", "qos", "constraint", "module")
