@@ -43,8 +43,9 @@ LESSONS = {
     "amp": Lesson(
         "16-bit autocast speeds training up on tensor cores and halves activation memory", True,
         "ResNet-50, 1×A100-80GB: 2,470 img/s with AMP vs 938 img/s in TF32 (NVIDIA DeepLearningExamples)",
-        "the speed-up comes from tensor cores; CPU autocast to bf16 adds conversions around each operator "
-        "and most CPUs have no bf16 matrix units", metric="throughput_compute", measured="compute throughput"),
+        "the speed-up it teaches comes from tensor cores, which only GPUs have; what bf16 autocast does on a CPU "
+        "is another effect, set by the CPU's bf16 instructions (AVX512-BF16, AMX) or their absence",
+        metric="throughput_compute", measured="compute throughput"),
     "channels_last": Lesson(
         "NHWC convolutions avoid layout conversions around tensor-core kernels", True,
         "ResNet-50 on A100, timm with AMP + channels_last: ≈2,600 img/s (pytorch-image-models issue 1491), "
