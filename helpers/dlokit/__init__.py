@@ -12,14 +12,14 @@ from .jobs import JobCard, Outcome, SchedulerError, cancel, job_outcome, search_
 from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
 from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
 from .submit import gpu_jobs_submitter, submit
-from .day import Day, setup_day
+from .day import Day, LlmDay, setup_day, setup_llm_day
 
 __version__ = "0.1.0"
 # Loaded on first use: the local launcher and every job's task import dlokit's small modules before a job
 # starts, and should not pay for pandas (the queue's table) on each job.
 _LAZY = {"display_slurm_queue": "queue", "job_table": "queue"}
 __all__ = [
-    "Day", "setup_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "SchedulerError", "ProfileError", "cancel", "current_profile",
+    "Day", "LlmDay", "setup_day", "setup_llm_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "SchedulerError", "ProfileError", "cancel", "current_profile",
     "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
     "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
 ]

@@ -1,0 +1,21 @@
+"""The command lines a day's cells submit: one hop from a notebook cell to a script of tp_scripts."""
+import shlex
+from pathlib import Path
+
+import dlokit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_day4_commands_name_the_script_its_sizes_and_the_mode(workspace):
+    day = dlokit.setup_llm_day("ann", "local", str(REPO / "tp_scripts" / "solutions"), config="tiny", seq_len=32,
+                               batch_size=4, steps=3, verbose=False)
+    assert day.script == REPO / "tp_scripts" / "llm" / "solutions" / "train_llm.py"
+    argv = shlex.split(day.command("fsdp-keep", "--grad-norm", steps=1))
+    assert argv == [str(day.script), "--mode", "fsdp", "--no-reshard-after-forward", "--config", "tiny",
+                    "--seq-len", "32", "--batch-size", "4", "--steps", "1", "--grad-norm"]
+    checker = shlex.split(day.command(None, script="check_tp.py"))  # beside the student's copies, asked for the reference
+    assert checker == [str(REPO / "tp_scripts" / "llm" / "check_tp.py"), "--solution"]
+    student = dlokit.setup_llm_day("ann", "local", str(REPO / "tp_scripts"), verbose=False)
+    assert student.script == REPO / "tp_scripts" / "llm" / "train_llm.py"
+    assert shlex.split(student.command(None, script="check_cp.py")) == [str(REPO / "tp_scripts" / "llm" / "check_cp.py")]
