@@ -24,8 +24,10 @@ JOBS = Path(__file__).parent / "job_scripts"
 USERS = ("dlokitu1", "dlokitu2")
 INSTRUCTOR, INSTRUCTORS = "dlokiti1", "dlokitins"  # a teacher, and the group the class folders are made for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("useradd"),
-                                reason="needs root, runuser and useradd (real Unix users)")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("useradd"),
+                                 reason="needs root, runuser and useradd (real Unix users)"),
+              # one worker: the module's folders are opened to the users for as long as its fixture lives
+              pytest.mark.xdist_group("many-users")]
 
 SUBMIT = """
 import json, sys, dlokit
