@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -141,21 +142,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("slurm-2n"))
 
 
+OPENED = Path("/tmp/dlokit-tests-searchable.json")  # what every test process opened, and how many still need it
+
+
 @contextlib.contextmanager
 def searchable_by_all(*paths: Path):
     """The students' servers read the cluster's slurm.conf, reach its munge socket and run the hub's venv
     in the repository: make the folders above them (pytest's are 0700; a checkout may sit in one too)
     searchable by everyone (o+x) while the test runs, then restore them. Kept open by a thread: any
-    pytest session starting on this machine sets its base folder back to 0700."""
-    modes = {folder: folder.stat().st_mode for path in paths for folder in [path, *path.parents]
-             if not folder.stat().st_mode & stat.S_IXOTH}
+    pytest session starting on this machine sets its base folder back to 0700. Shared by the xdist workers:
+    the last one to leave restores the modes the first one found (else one worker closed what another's
+    students were still using)."""
+    from filelock import FileLock
+
+    lock = FileLock(f"{OPENED}.lock")
+    with lock:
+        state = json.loads(OPENED.read_text()) if OPENED.exists() else {"users": 0, "modes": {}}
+        for folder in {folder for path in paths for folder in [path, *path.parents]}:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                state["modes"].setdefault(str(folder), stat.S_IMODE(mode))
+        state["users"] += 1
+        OPENED.write_text(json.dumps(state))
+    modes = {Path(folder): mode for folder, mode in state["modes"].items()}
     stop = threading.Event()
 
     def keep_open():
         while True:
             for folder, mode in modes.items():
                 with contextlib.suppress(OSError):
-                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+                    folder.chmod(mode | stat.S_IXOTH)
             if stop.wait(0.2):
                 return
 
@@ -166,6 +182,13 @@ def searchable_by_all(*paths: Path):
     finally:
         stop.set()
         keeper.join()
-        for folder, mode in modes.items():
-            with contextlib.suppress(OSError):
-                folder.chmod(stat.S_IMODE(mode))
+        with lock:
+            state = json.loads(OPENED.read_text())
+            state["users"] -= 1
+            if state["users"] > 0:
+                OPENED.write_text(json.dumps(state))
+            else:
+                OPENED.unlink()
+                for folder, mode in state["modes"].items():
+                    with contextlib.suppress(OSError):
+                        Path(folder).chmod(mode)
