@@ -164,19 +164,21 @@ def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = N
     return day
 
 
+LLM_MODE_OPTIONS = {"fsdp-keep": ["--mode", "fsdp", "--no-reshard-after-forward"]}  # modes that are not --mode M
+
+
 @dataclass
 class LlmDay(Day):
     """Day 4: the scripts of tp_scripts/llm (the student's, or llm/solutions), and the sizes of every job."""
     config: str = "tiny"
     seq_len: int = 64
-    mode_options: dict = field(default_factory=lambda: {"fsdp-keep": ["--mode", "fsdp", "--no-reshard-after-forward"]})
 
     def command(self, mode: str | None, *options, script: str = "train_llm.py", steps: int | None = None,
                 config: str | None = None) -> str:
         """One job's command line: train_llm.py in a parallel `mode` (None: none) at the day's sizes, or another
         script of tp_scripts/llm (a checker, compress_bench.py) with `options` only."""
         folder = self.script.parent
-        mode_options = self.mode_options.get(mode, ["--mode", mode]) if mode else []
+        mode_options = LLM_MODE_OPTIONS.get(mode, ["--mode", mode]) if mode else []
         argv = [str(folder / script if (folder / script).exists() else folder.parent / script), *mode_options]
         if script == "train_llm.py":
             argv += ["--config", config or self.config, "--seq-len", self.seq_len, "--batch-size", self.batch_size,

@@ -206,8 +206,8 @@ class RunRecorder:
         self.run_id = run_id or default_run_id()
         self.rank = rank
         run_folder = Path(runs_dir or default_runs_dir()) / self.run_id
-        run_folder.mkdir(parents=True, exist_ok=True)
-        shared_folders.keep_private(run_folder)  # a student's records are theirs (and the instructors')
+        run_folder.parent.mkdir(parents=True, exist_ok=True)
+        shared_folders.make_private(run_folder)  # a student's records are theirs (and the instructors')
         self.folder = run_folder / f"rank{rank}"
         self.folder.mkdir(exist_ok=True)
         self.started = time.time()

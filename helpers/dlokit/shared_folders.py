@@ -35,7 +35,7 @@ def _owner(path: Path) -> str:
 def _make(path: Path, mode: int, what: str, fix: str) -> None:
     """mkdir with exactly `mode` (the umask would take the sharing bits away)."""
     try:
-        path.mkdir(exist_ok=True)
+        path.mkdir(mode=mode & 0o777, exist_ok=True)  # created with its mode: no chmod to drop an inherited setgid
     except FileExistsError:
         raise FolderError(f"{path} should be a folder ({what}) but is a file: remove or rename it") from None
     except PermissionError:
@@ -72,9 +72,11 @@ def private_mode(parent: Path) -> int:
     return PRIVATE | (GROUP_READS if parent.stat().st_mode & stat.S_ISGID else 0)
 
 
-def keep_private(path: Path) -> Path:
-    """Give a folder this user just made the mode of a user's own part (see private_mode)."""
-    _set_mode(path, private_mode(path.parent))
+def make_private(path: Path) -> Path:
+    """A folder of this user's, made (or left) with the mode of a user's own part (see private_mode)."""
+    mode = private_mode(path.parent)
+    path.mkdir(mode=mode, exist_ok=True)
+    _set_mode(path, mode)
     return path
 
 

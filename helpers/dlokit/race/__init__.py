@@ -10,7 +10,8 @@
     board = race.Leaderboard(profile=day.profile); board.post(job_id); board.widget(); board.plot()
 
 planner.py (the budget formula), form.py (the ipywidgets form), submit.py (test job, full run, --begin),
-requeue.py (checkpoint on a signal, requeue, resume; reading the segments back), leaderboard.py, verify.py
+requeue.py (checkpoint on a signal, requeue, resume; the segments are read back by
+dlokit.analysis.race_history), leaderboard.py, verify.py
 (the instructor's re-scoring of every entry on a test split no student reads).
 """
 from .form import RaceForm, race_form, race_options

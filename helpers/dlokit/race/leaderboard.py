@@ -186,8 +186,10 @@ class Leaderboard:
             except (OSError, ValueError) as error:
                 rejected.append((path.name, f"unreadable ({type(error).__name__})"))
                 continue
-            private = not (why := self.well_formed(entry)) and self._unreadable(entry["run_id"])
-            why = why or (self.private_record(entry, path) if private else self.verify(entry))
+            why = self.well_formed(entry)
+            private = not why and self._unreadable(entry["run_id"])
+            if not why:
+                why = self.private_record(entry, path) if private else self.verify(entry)
             if not why and entry["run_id"] in shown:
                 why = f"a second entry for run {entry['run_id']} (the board shows {shown[entry['run_id']]})"
             if why:
