@@ -70,14 +70,14 @@ def job_logs(home: Path) -> str:
                      for path in sorted((home / "notebooks" / "dlokit_jobs").rglob("*_log.*")))
 
 
-def wait_until(predicate, timeout_s: float, what: str):
+def wait_until(predicate, timeout_s: float, what):
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what() if callable(what) else what}")
 
 
 def with_parameters(notebook: Path, parameters: dict) -> tuple[int, int, int]:
@@ -186,7 +186,10 @@ def student_session(page, hub):
     assert (records / "summary.json").stat().st_mode & 0o020, "the class folder's files are group-writable"
 
     page.goto(f"{hub['url']}/hub/home")
+    page.wait_for_selector("#stop", state="visible", timeout=30_000)
     page.click("#stop")
-    wait_until(lambda: not user_jobs(), 60, "the server's job to end")
+    # the hub hides the button once its API has stopped the server (batchspawner: scancel, then the job's end)
+    page.wait_for_selector("#stop", state="hidden", timeout=120_000)
+    wait_until(lambda: not user_jobs(), 120, lambda: f"the server's job to end (queue now: {user_jobs()})")
     stopped = wait_until(lambda: accounted(server_job, past=("PENDING", "RUNNING")), 30, "the server job's end")
     assert stopped["state"] == "CANCELLED", stopped
