@@ -36,16 +36,14 @@ if ! command -v "${CXX:-g++}" >/dev/null; then
   else echo "setup: no C++ compiler (${CXX:-g++}): the torch.compile cells will be skipped; install g++ to run them" >&2; fi
 fi
 
+source scripts/install_packages.sh
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 stamp=.venv/.dlokit-installed
 wanted=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-  echo "setup: installing pinned Python packages into .venv (torch is large: about a minute)"
-  log=.venv/pip-install.log  # pip's chatter goes here; shown only if the install fails
-  { .venv/bin/python -m pip install -q --upgrade pip &&
-    .venv/bin/python -m pip install -q -c constraints.txt -e '.[notebooks,test]'; } >"$log" 2>&1 ||
-    { cat "$log" >&2; echo "setup: pip install failed (log above, also in $log)" >&2; exit 1; }
+  echo "setup: installing pinned Python packages into .venv (torch is large: under a minute)"
+  install_packages .venv -c constraints.txt -e '.[notebooks,test]' || exit 1
   echo "$wanted" > "$stamp"
 fi
 # the hub's own venv (students cannot run .venv's Python); if it cannot be built, only the hub test fails

@@ -23,6 +23,7 @@
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"  # REPO, HUB_DIR, VENV, CLASS_DIR (log and die: below)
+source "$REPO/scripts/install_packages.sh"
 HUB_PYTHON="${HUB_PYTHON:-/usr/bin/python3}"
 
 log() { echo "[jupyterhub setup] $*" >&2; }
@@ -71,10 +72,7 @@ stamp="$VENV/.dlokit-hub-installed"
 wanted="$(cat "$REPO/constraints.txt" "$REPO/pyproject.toml" | sha256sum | cut -c1-16)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]]; then
     log "installing jupyterhub, batchspawner, the proxy, JupyterLab and the kit into $VENV (about two minutes)"
-    pip_log="$VENV/pip-install.log"
-    { "$VENV/bin/python" -m pip install -q --upgrade pip &&
-        "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" -e "$REPO[notebooks,hub]"; } >"$pip_log" 2>&1 ||
-        { cat "$pip_log" >&2; die "pip install failed (log above, also in $pip_log)"; }
+    install_packages "$VENV" -c "$REPO/constraints.txt" -e "$REPO[notebooks,hub]" || die "the packages could not be installed"
     # the news pop-up would cover the notebook of every student on their first start
     "$VENV/bin/jupyter" labextension disable --level=sys_prefix \
         "@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1 || die "could not turn off JupyterLab's news"
