@@ -210,6 +210,38 @@ def test_memory_fit_through_two_points_has_no_interval_and_shows_nothing(runs_di
     assert analysis.memory_fit(table)["slope_shown"] is True  # three points on a line: an interval above 0
 
 
+def test_batch_scan_names_the_largest_batch_that_fits_and_reads_the_memory_line(runs_dir):
+    jobs, sizes = ["1001", "1002", "1003", "1004"], [32, 64, 128, 256]
+    scan = analysis.batch_scan(jobs, sizes, ["COMPLETED"] * 3 + ["OUT_OF_MEMORY"], on_gpu=True, model_states_mib=128,
+                               runs_dir=runs_dir)
+    assert scan.largest_fitting == 128 and list(scan.oom["batch_size"]) == [256]
+    text = str(scan)
+    assert text.startswith("out of memory from batch 256 on; the largest batch that fits: 128")
+    assert "1000 MiB that do not depend on the batch + 3.00" in text and "128 MiB" in text
+    two = analysis.batch_scan(jobs[:2], sizes[:2], ["COMPLETED"] * 2, on_gpu=False, model_states_mib=128,
+                              runs_dir=runs_dir)
+    assert str(two).splitlines() == ["no out-of-memory in this scan (host memory measured)",
+                                     "two batch sizes only: the line through them (3.00 MiB per image) has no interval, "
+                                     "so it cannot tell activations from noise; add sizes to BATCH_SWEEP "
+                                     "(GPU_BATCH_SWEEP on a GPU)"]
+    none = analysis.batch_scan(jobs[3:], sizes[3:], ["OUT_OF_MEMORY"], on_gpu=True, model_states_mib=1,
+                               runs_dir=runs_dir)
+    assert none.largest_fitting is None and "the largest batch that fits: none" in str(none)
+
+
+def test_fastest_shown_keeps_the_largest_gain_that_agrees():
+    from dlokit import lessons
+    from dlokit.analysis.stats import Estimate
+
+    def judged(value, low, high):
+        return lessons.verdict_of("amp", Estimate(value, low, high, runs=2, steps=20), True, "x")
+    verdicts = {"tf32": judged(1.4, 1.3, 1.5), "bf16": judged(1.5, 1.2, 1.8), "fp16": judged(1.9, 0.8, 3.0)}
+    assert analysis.fastest_shown(verdicts, default="fp32") == (
+        "bf16", "its gain over fp32 is the largest this machine showed")  # fp16's larger ratio is within noise
+    assert analysis.fastest_shown({"fp16": judged(1.9, 0.8, 3.0)}, default="fp32") == (
+        "fp32", "no mode showed a gain over fp32 here")
+
+
 def test_dataloader_trials_sorted_by_load_time(loader_runs):
     trials = analysis.dataloader_trials(None, loader_runs)
     assert list(trials["workers"]) == [4, 2, 0]

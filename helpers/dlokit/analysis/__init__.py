@@ -4,7 +4,7 @@ Every function accepts run ids, run folders or Run objects, and never fails on a
 running, was killed, failed or is missing: it says so in the table or figure instead. Plots return a
 matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame.
 """
-from dlokit.analysis.compare import Comparison, compare_runs
+from dlokit.analysis.compare import Comparison, compare_runs, fastest_shown
 from dlokit.analysis.compress import compression_plot, compression_table
 from dlokit.analysis.curves import training_curves
 from dlokit.analysis.dashboard import dashboard
@@ -12,8 +12,8 @@ from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
 from dlokit.analysis.compile_storage import compile_plot, compile_table, read_plot, read_table
 from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plot, optimizer_table
-from dlokit.analysis.memory import (batch_speeds, chosen_batch, memory_fit, memory_table, memory_vs_batch,
-                                    throughput_vs_batch)
+from dlokit.analysis.memory import (BatchScan, batch_scan, batch_speeds, chosen_batch, memory_fit, memory_table,
+                                    memory_vs_batch, throughput_vs_batch)
 from dlokit.analysis.profiler import breakdown_pie, communication_per_step, profiler_breakdown, trace_files
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import foreign_cpu_share, overlapping
@@ -29,7 +29,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "compare_runs", "config_value", "dashboard",
+__all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",

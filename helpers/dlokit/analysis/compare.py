@@ -135,3 +135,13 @@ def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estima
     ax.tick_params(axis="x", labelsize=8)
     add_notes(figure, notes)
     return figure
+
+
+def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
+    """(the arm whose gain this machine showed with the largest ratio, why it was kept): among the verdicts
+    {arm: lessons.Verdict} that agree with their lesson; `default` when none did."""
+    shown = {arm: v.estimate.value for arm, v in verdicts.items() if v.outcome == stats.AGREES}
+    if not shown:
+        return default, f"no mode showed a gain over {default} here"
+    best = max(shown, key=shown.get)
+    return best, f"its gain over {default} is the largest this machine showed"

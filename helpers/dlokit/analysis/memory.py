@@ -134,3 +134,52 @@ def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_train"):
     ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure
+
+
+class BatchScan:
+    """Day 1's batch scan read back: each batch size's outcome (from the scheduler, so a job killed before it
+    wrote a record counts too), the largest that fitted, and the memory line through the completed runs.
+    print(scan) says what the scan shows; scan.outcomes, scan.fits and scan.oom are tables."""
+
+    def __init__(self, jobs: list, sizes: list[int], states: list[str], on_gpu: bool, model_states_mib: float,
+                 runs_dir=None):
+        self.jobs, self.on_gpu, self.model_states_mib = list(jobs), on_gpu, model_states_mib
+        self.outcomes = pd.DataFrame({"job": self.jobs, "batch_size": list(sizes), "outcome": list(states)})
+        self.fits = self.outcomes[self.outcomes["outcome"] == "COMPLETED"]
+        self.oom = self.outcomes[self.outcomes["outcome"] == "OUT_OF_MEMORY"]
+        self.fit = memory_fit(memory_table(self.jobs, runs_dir))
+
+    @property
+    def largest_fitting(self) -> int | None:
+        return int(self.fits["batch_size"].max()) if not self.fits.empty else None
+
+    def __str__(self) -> str:
+        lines = [f"out of memory from batch {self.oom['batch_size'].min()} on; the largest batch that fits: "
+                 f"{self.largest_fitting or 'none'}" if not self.oom.empty else
+                 f"no out-of-memory in this scan ({'GPU' if self.on_gpu else 'host'} memory measured)"]
+        fit = self.fit
+        if fit and fit["slope_shown"]:
+            lines.append(f"linear fit: {fit['model_mb']:.0f} MiB that do not depend on the batch + "
+                         f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] "
+                         "MiB per image (95 % interval)")
+            lines.append(f"(weights + gradients + momentum alone are {self.model_states_mib:.0f} MiB; "
+                         + ("the rest of the intercept is workspaces and transient tensors: max_memory_allocated "
+                            "leaves out the CUDA context and the allocator's cache)" if self.on_gpu else
+                            "on the CPU the intercept also holds the interpreter and the PyTorch libraries)"))
+        elif fit and fit["points"] < 3:
+            lines.append(f"two batch sizes only: the line through them ({fit['activation_mb_per_sample']:.2f} MiB "
+                         "per image) has no interval, so it cannot tell activations from noise; add sizes to "
+                         "BATCH_SWEEP (GPU_BATCH_SWEEP on a GPU)")
+        elif fit:
+            lines.append(f"the memory per image is within noise here: the fit's slope, "
+                         f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] "
+                         "MiB per image, could be 0. "
+                         + ("" if self.on_gpu else "A CPU process's peak holds the interpreter and the libraries "
+                            f"(about {fit['model_mb']:.0f} MiB) and moves by tens of MiB from run to run: at these "
+                            "sizes the activations hide in it. ") + "Larger images or batches make them show.")
+        return "\n".join(lines)
+
+
+def batch_scan(jobs, sizes, states, on_gpu: bool, model_states_mib: float, runs_dir=None) -> BatchScan:
+    """The scan of `sizes` run as `jobs`, whose scheduler states are `states` (dlokit.job_outcome(j).state)."""
+    return BatchScan(jobs, sizes, states, on_gpu, model_states_mib, runs_dir)
