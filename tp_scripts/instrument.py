@@ -190,7 +190,7 @@ class Instrument:
 
     # ---- what really ran --------------------------------------------------------------------------
 
-    def observe_once(self, t, *, images, targets, logits, pinned: bool) -> None:
+    def observe_once(self, t, *, phase, images, targets, logits, pinned: bool) -> None:
         """First step only: what the script really did (not what the options asked), for the check cells."""
         if self.observed is not None:
             return
@@ -227,7 +227,7 @@ class Instrument:
                        ([n for n in augmentations(t.args.augment) if n in ("mixup", "cutmix")] if mixed else []),
             "augment_on_device": mixed,
             "randaugment_in_workers": randaugment and bool(workers),
-            "record_function_labels": t.phase is torch.profiler.record_function,
+            "record_function_labels": labels_spans(phase),
             "profiler": t.profiler is not None,
             "tf32": tf32_enabled(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
@@ -732,6 +732,13 @@ def _test_oom_step(rank: int) -> int | None:
     if not step or (only_rank not in (None, "") and int(only_rank) != rank):
         return None
     return int(step)
+
+
+def labels_spans(phase) -> bool:
+    """Whether the script's phase() context manager opens a torch.profiler.record_function span (TP1.4): read
+    from its code, since without a profiler running a span leaves no trace to observe."""
+    code = getattr(getattr(phase, "__wrapped__", phase), "__code__", None)
+    return code is not None and "record_function" in code.co_names
 
 
 def tf32_enabled() -> bool:

@@ -28,7 +28,7 @@ tp_scripts/solutions/train_classifier.py is the reference solution; tp_scripts/t
 copy you edit, is generated from it: each marked SOLUTION block becomes a `# TODO TPx.y` there, with the
 block's STUDENT lines (if any) standing in its place. `dlokit.material.compare(...)` shows what is left.
 """
-import contextlib  # the TP1.4 stand-in of your copy uses it
+import contextlib
 import math
 import sys
 import time
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         stop_tracking(trackers)
         job.destroy_process_group()
         return 0
-    t.phase, t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
+    t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
     try:
         train(t, ins, start)
     except (torch.OutOfMemoryError, MemoryError) as error:  # recorded, and every other rank stops too: exit 3
@@ -143,7 +143,6 @@ class Training:
     epochs: int
     total_steps: int
     steps_per_epoch: int
-    phase: object = None          # phase("forward") labels a span of the profiler trace
     profiler: object = None
     checkpoint_path: Path | None = None
     step: int = 0                 # progress, for the report
@@ -365,12 +364,19 @@ def qualified_name(thing) -> str:
 
 
 def profiling(args, trace_dir: Path, rank: int, device):
-    """(phase, profiler): how the phases of a step are labelled, and the profiler of --profile, started."""
-    # TODO TP1.4: name each phase so that it shows up as a labelled span in the profiler trace
-    phase = lambda name: contextlib.nullcontext()
+    """The profiler of --profile, started (None without --profile)."""
     profiler = None
     # TODO TP1.4: skip a step, warm up, then trace a few steps; one trace file per rank
-    return phase, profiler
+    return profiler
+
+
+@contextlib.contextmanager
+def phase(ins: Instrument, name: str):
+    """One phase of a step (data, h2d, forward...): a labelled span in the profiler trace, then the step clock's
+    split, so that the record has each phase's time."""
+    # TODO TP1.4: name each phase so that it shows up as a labelled span in the profiler trace
+    yield
+    ins.split(name)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -401,11 +407,10 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
     batches = iter(t.data.train_loader)
     while t.step < t.total_steps:
         ins.start_step(t.step + 1)
-        with t.phase("data"):
+        with phase(ins, "data"):
             batch = next(batches, None)
         if batch is None:
             break
-        ins.split("data")
         lr = t.optimizer.param_groups[0]["lr"]
         loss, hits, n = train_step(t, ins, *batch)
         t.step, batch_in_epoch = t.step + 1, batch_in_epoch + 1
@@ -427,37 +432,35 @@ def train_step(t: Training, ins: Instrument, images, labels):
     """One optimisation step on one batch: (loss, hits) as tensors on the device (nothing waits), batch size."""
     args, model = t.args, t.model
     pinned = images.is_pinned()
-    # TODO TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
-    ins.split("h2d")
+    with phase(ins, "h2d"):
+        # TODO TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
+        pass
     targets = labels
-    # TODO TP2.4: mixup/cutmix (t.data.mixer, set by --augment) on the device, whole batch: soft targets
-    ins.split("augment")
-    # TODO TP1.3: NHWC images to match the NHWC weights
-    with t.phase("forward"):
+    with phase(ins, "augment"):
+        # TODO TP2.4: mixup/cutmix (t.data.mixer, set by --augment) on the device, whole batch: soft targets
+        pass
+    with phase(ins, "forward"):
+        # TODO TP1.3: NHWC images to match the NHWC weights
         # TODO TP1.2: run the forward pass and the loss under autocast
         logits = model(images)
         loss = t.criterion(logits, targets)
-    ins.split("forward")
-    with t.phase("backward"):
+    with phase(ins, "backward"):
         t.optimizer.zero_grad(set_to_none=True)
         # TODO TP1.2: scale the loss so that fp16 gradients do not flush to zero
         loss.backward()
-    ins.split("backward")
-    with t.phase("optimizer"):
+    with phase(ins, "optimizer"):
         # TODO TP1.2: unscale, skip the step if a gradient overflowed, adapt the scale
         t.optimizer.step()
         t.scheduler.step()
-    ins.split("optimizer")
-    ins.observe_once(t, images=images, targets=targets, logits=logits, pinned=pinned)
+    ins.observe_once(t, phase=phase, images=images, targets=targets, logits=logits, pinned=pinned)
     hits = (logits.argmax(dim=1) == labels).sum()  # against the true labels, mixed batch or not
     return loss.detach(), hits, len(labels)
 
 
 def sync_metrics(t: Training, ins: Instrument, loss, hits, n: int) -> dict:
     """This step's loss and accuracy averaged over the ranks: an all-reduce, and the host waits for it."""
-    with t.phase("metrics"):
+    with phase(ins, "metrics"):
         loss_mean, acc_mean = mean_over_ranks(torch.stack([loss.float(), hits.float() / n]).to(t.device)).tolist()
-    ins.split("metrics")
     return {"loss": loss_mean, "acc": acc_mean}
 
 

@@ -18,7 +18,7 @@ tp_scripts/solutions/train_classifier.py is the reference solution; tp_scripts/t
 copy you edit, is generated from it: each marked SOLUTION block becomes a `# TODO TPx.y` there, with the
 block's STUDENT lines (if any) standing in its place. `dlokit.material.compare(...)` shows what is left.
 """
-import contextlib  # the TP1.4 stand-in of your copy uses it
+import contextlib
 import math
 import sys
 import time
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         stop_tracking(trackers)
         job.destroy_process_group()
         return 0
-    t.phase, t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
+    t.profiler = profiling(args, ins.folder / "profile", env.rank, device)
     try:
         train(t, ins, start)
     except (torch.OutOfMemoryError, MemoryError) as error:  # recorded, and every other rank stops too: exit 3
@@ -133,7 +133,6 @@ class Training:
     epochs: int
     total_steps: int
     steps_per_epoch: int
-    phase: object = None          # phase("forward") labels a span of the profiler trace
     profiler: object = None
     checkpoint_path: Path | None = None
     step: int = 0                 # progress, for the report
@@ -374,12 +373,7 @@ def qualified_name(thing) -> str:
 
 
 def profiling(args, trace_dir: Path, rank: int, device):
-    """(phase, profiler): how the phases of a step are labelled, and the profiler of --profile, started."""
-    # >>> SOLUTION TP1.4: name each phase so that it shows up as a labelled span in the profiler trace
-    phase = torch.profiler.record_function
-    # --- STUDENT
-    # phase = lambda name: contextlib.nullcontext()
-    # <<< SOLUTION
+    """The profiler of --profile, started (None without --profile)."""
     profiler = None
     # >>> SOLUTION TP1.4: skip a step, warm up, then trace a few steps; one trace file per rank
     if args.profile:
@@ -392,7 +386,20 @@ def profiling(args, trace_dir: Path, rank: int, device):
             record_shapes=True, profile_memory=True)
         profiler.start()
     # <<< SOLUTION
-    return phase, profiler
+    return profiler
+
+
+@contextlib.contextmanager
+def phase(ins: Instrument, name: str):
+    """One phase of a step (data, h2d, forward...): a labelled span in the profiler trace, then the step clock's
+    split, so that the record has each phase's time."""
+    # >>> SOLUTION TP1.4: name each phase so that it shows up as a labelled span in the profiler trace
+    with torch.profiler.record_function(name):
+        yield
+    # --- STUDENT
+    # yield
+    # <<< SOLUTION
+    ins.split(name)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -425,11 +432,10 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
     batches = iter(t.data.train_loader)
     while t.step < t.total_steps:
         ins.start_step(t.step + 1)
-        with t.phase("data"):
+        with phase(ins, "data"):
             batch = next(batches, None)
         if batch is None:
             break
-        ins.split("data")
         lr = t.optimizer.param_groups[0]["lr"]
         loss, hits, n = train_step(t, ins, *batch)
         t.step, batch_in_epoch = t.step + 1, batch_in_epoch + 1
@@ -451,22 +457,22 @@ def train_step(t: Training, ins: Instrument, images, labels):
     """One optimisation step on one batch: (loss, hits) as tensors on the device (nothing waits), batch size."""
     args, model = t.args, t.model
     pinned = images.is_pinned()
-    # >>> SOLUTION TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
-    images = images.to(t.device, non_blocking=t.data.non_blocking)
-    labels = labels.to(t.device, non_blocking=t.data.non_blocking)
-    # <<< SOLUTION
-    ins.split("h2d")
+    with phase(ins, "h2d"):
+        # >>> SOLUTION TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
+        images = images.to(t.device, non_blocking=t.data.non_blocking)
+        labels = labels.to(t.device, non_blocking=t.data.non_blocking)
+        # <<< SOLUTION
     targets = labels
-    # >>> SOLUTION TP2.4: mixup/cutmix (t.data.mixer, set by --augment) on the device, whole batch: soft targets
-    if t.data.mixer is not None:
-        images, targets = t.data.mixer(images, labels)
-    # <<< SOLUTION
-    ins.split("augment")
-    # >>> SOLUTION TP1.3: NHWC images to match the NHWC weights
-    if args.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    # <<< SOLUTION
-    with t.phase("forward"):
+    with phase(ins, "augment"):
+        # >>> SOLUTION TP2.4: mixup/cutmix (t.data.mixer, set by --augment) on the device, whole batch: soft targets
+        if t.data.mixer is not None:
+            images, targets = t.data.mixer(images, labels)
+        # <<< SOLUTION
+    with phase(ins, "forward"):
+        # >>> SOLUTION TP1.3: NHWC images to match the NHWC weights
+        if args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        # <<< SOLUTION
         # >>> SOLUTION TP1.2: run the forward pass and the loss under autocast
         with torch.autocast(t.device.type, dtype=t.amp_dtype, enabled=t.amp_dtype is not None):
             logits = model(images)
@@ -475,16 +481,14 @@ def train_step(t: Training, ins: Instrument, images, labels):
         # logits = model(images)
         # loss = t.criterion(logits, targets)
         # <<< SOLUTION
-    ins.split("forward")
-    with t.phase("backward"):
+    with phase(ins, "backward"):
         t.optimizer.zero_grad(set_to_none=True)
         # >>> SOLUTION TP1.2: scale the loss so that fp16 gradients do not flush to zero
         t.scaler.scale(loss).backward()
         # --- STUDENT
         # loss.backward()
         # <<< SOLUTION
-    ins.split("backward")
-    with t.phase("optimizer"):
+    with phase(ins, "optimizer"):
         # >>> SOLUTION TP1.2: unscale, skip the step if a gradient overflowed, adapt the scale
         t.scaler.step(t.optimizer)
         t.scaler.update()
@@ -492,17 +496,15 @@ def train_step(t: Training, ins: Instrument, images, labels):
         # t.optimizer.step()
         # <<< SOLUTION
         t.scheduler.step()
-    ins.split("optimizer")
-    ins.observe_once(t, images=images, targets=targets, logits=logits, pinned=pinned)
+    ins.observe_once(t, phase=phase, images=images, targets=targets, logits=logits, pinned=pinned)
     hits = (logits.argmax(dim=1) == labels).sum()  # against the true labels, mixed batch or not
     return loss.detach(), hits, len(labels)
 
 
 def sync_metrics(t: Training, ins: Instrument, loss, hits, n: int) -> dict:
     """This step's loss and accuracy averaged over the ranks: an all-reduce, and the host waits for it."""
-    with t.phase("metrics"):
+    with phase(ins, "metrics"):
         loss_mean, acc_mean = mean_over_ranks(torch.stack([loss.float(), hits.float() / n]).to(t.device)).tolist()
-    ins.split("metrics")
     return {"loss": loss_mean, "acc": acc_mean}
 
 
