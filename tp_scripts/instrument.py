@@ -60,9 +60,6 @@ LEAVE_GRACE_S = 1.0      # then the others give its process that long to end bef
 CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
 FROZEN_S = 15.0          # another rank whose watch thread has not written for this long: its process is frozen
 STALL_S = 90.0           # no rank got a batch further for this long (first step done): the job is stuck
-# Test only (tests/test_train_image.py): a fake out-of-memory error after the forward pass of this step,
-# on the rank DLOKIT_TEST_OOM_RANK (every rank when unset). Never set it for a real run.
-TEST_OOM_AT_STEP, TEST_OOM_RANK = "DLOKIT_TEST_OOM_AT_STEP", "DLOKIT_TEST_OOM_RANK"
 # Test only (tests/test_race.py): rank 0 takes this many more seconds to write its records after a signal's
 # checkpoint, as a large checkpoint on a slow file system would. Never set it for a real run.
 TEST_SLOW_CHECKPOINT = "DLOKIT_TEST_SLOW_CHECKPOINT_S"
@@ -91,7 +88,6 @@ class Instrument:
         # handler runs in the main thread, maybe while it holds the lock)
         self._ending = threading.RLock()
         self._ended = False
-        self._oom_at = _test_oom_step(rank)
         self.progress, self.where, self.first_step_done = 0, "setting up", False  # what the watch thread publishes
         self._watch, self._signals = None, {}
         # a rank stopped from outside (SIGABRT from the kit's launcher when it is stuck) prints where every thread was
@@ -118,9 +114,6 @@ class Instrument:
     def split(self, name: str) -> None:
         self.clock.split(name)
         self.tick(f"step {self.step}, after its {name} phase")
-        if name == "forward" and self.step == self._oom_at:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Injected at step {self.step} by {TEST_OOM_AT_STEP} "
-                                         "(a test hook, not a real allocation failure)")
 
     def end_step(self, step: int, *, epoch: int, lr: float, samples: int, **metrics) -> None:
         """Queue the step's metrics line; lines are written, in order, once their timing is known."""
@@ -725,13 +718,6 @@ class CheckpointOnSignal:
             return None
         self.received = self.received or store.get(key).decode()
         return max(int(store.get(f"{key}/step{rank}")) for rank in range(world)) + self.margin
-
-
-def _test_oom_step(rank: int) -> int | None:
-    step, only_rank = os.environ.get(TEST_OOM_AT_STEP), os.environ.get(TEST_OOM_RANK)
-    if not step or (only_rank not in (None, "") and int(only_rank) != rank):
-        return None
-    return int(step)
 
 
 def labels_spans(phase) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import traceback
@@ -56,7 +55,6 @@ from parallel_dims import ParallelDims
 from parallelize import parallelize
 
 MODES = ("single", "ddp", "zero1", "fsdp", "hsdp", "pp", "tp-scratch", "tp", "fsdp-tp", "cp")
-INJECT_OOM = "DLOKIT_INJECT_OOM"  # "RANK:STEP": raise an out-of-memory error there (tests)
 
 
 class ArgumentsError(ValueError):
@@ -329,8 +327,6 @@ def train_step(run, step: int, measure: bool):
     timer.split("data")
     inputs, targets = inputs.to(run.device, non_blocking=True), targets.to(run.device, non_blocking=True)
     timer.split("h2d")
-    if os.environ.get(INJECT_OOM, "") == f"{run.rank}:{step + 1}":
-        raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM} at step {step + 1})")
     memory = (MemoryMeter(parallel.modules, run.optimizer, run.device, fsdp=run.dims.fsdp,
                           checkpointed=run.args.activation_checkpointing) if measure else None)
     collectives = CollectiveLog() if measure and not run.args.compile else nullcontext()
