@@ -291,7 +291,7 @@ def test_oom_on_one_rank_ends_every_rank_and_is_recorded(tmp_path):
             if process.poll() is None:
                 process.kill()
     codes = [p.returncode for p in processes]
-    assert codes == [1, 3], (codes, outputs)  # rank 0 stopped because of rank 1; rank 1: out of memory
+    assert codes == [4, 3], (codes, outputs)  # rank 0 stopped because of rank 1 (jobenv.EXIT_PEER_FAILED); rank 1: out of memory
     oom, stopped = rank_record(tmp_path, "oom", 1), rank_record(tmp_path, "oom", 0)
     summary = oom["summary"]
     assert summary["status"] == "failed" and summary["oom"] is True and summary["batch_size"] == 4

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlokit.energy import HostEnergyMeter, process_started_unix
+from dlokit.jobenv import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED, EXIT_REQUEUE
 from dlokit.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.runrecord import RunRecorder
 
@@ -50,10 +51,7 @@ from train_options import augmentations
 TIMING_WARMUP_STEPS = 2  # left out of the averages: first steps pay for allocation, autotuning, compilation
 SPLITS = ("data", "h2d", "augment", "forward", "backward", "optimizer", "metrics")
 POWER_SAMPLE_S = 0.2     # NVML power readings are themselves averages: no need to ask more often
-OOM_EXIT_CODE = 3        # as tp_scripts/llm/train_llm.py
-REQUEUE_EXIT_CODE = 75   # checkpointed on a signal: run me again with --resume (EX_TEMPFAIL, "try again later")
 CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal; USR2 is also submitit's
-STOPPED_EXIT_CODE = 1    # this rank stopped because another one failed
 WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note in the process group's store
 ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
 LEAVE_GRACE_S = 1.0      # then the others give its process that long to end before they exit too
@@ -303,7 +301,7 @@ class Instrument:
                                  "reason": f"ran out of memory at {where} ({name})"}, wait_for=self.world_size)
         abort_process_group(self.device)
         say_leaving(store)  # the others exit after this rank: the launcher names it as the first failure
-        return OOM_EXIT_CODE
+        return EXIT_OUT_OF_MEMORY
 
     def stopped_by_other_rank(self, error: BaseException) -> int:
         """A collective of this rank failed: when another rank left a stop note (it ran out of memory, or
@@ -318,7 +316,7 @@ class Instrument:
         """Another rank stopped early (its note): finish this rank's record with that cause. exit_process: called
         by the watching thread while the main thread may wait forever in a collective: exit the process."""
         status = note.get("status", "failed")
-        code = note.get("exit_code", STOPPED_EXIT_CODE)
+        code = note.get("exit_code", EXIT_PEER_FAILED)
         reason = f"rank {note.get('rank')} {note.get('reason', 'stopped')}; rank {self.rank} stopped at step {self.step}"
         if not self._claim_end():
             if exit_process:
@@ -349,7 +347,7 @@ class Instrument:
             self.record.finish(status="failed", error=text, stuck=True, **self._early_summary())
         tell_other_ranks(_store(), {"rank": self.rank, "status": "failed", "leaves": True,
                                     "reason": f"found the job stuck ({reason})"}, wait_for=self.world_size)
-        leave_now(STOPPED_EXIT_CODE)
+        leave_now(EXIT_FAILED)
 
     def cancel(self, signum: int) -> None:
         """SIGTERM or SIGINT (a cancelled job, Ctrl-C): record status 'cancelled', tell the other ranks."""
@@ -369,7 +367,7 @@ class Instrument:
 
     def checkpointed(self, **extra) -> int:
         """The checkpoint the signal asked for is saved: summary 'checkpointed' (with `signal`), the process group
-        left. Returns the exit code, REQUEUE_EXIT_CODE: the kit's job then requeues itself and resumes."""
+        left. Returns the exit code, EXIT_REQUEUE: the kit's job then requeues itself and resumes."""
         name = self.on_signal.received
         if self.rank == 0 and os.environ.get(TEST_SLOW_CHECKPOINT):
             time.sleep(float(os.environ[TEST_SLOW_CHECKPOINT]))
@@ -378,11 +376,11 @@ class Instrument:
         self.finish(status="checkpointed", signal=name, steps=self.steps_done, **extra)
         for signum in CHECKPOINT_SIGNALS:  # a late second warning must not kill the process on its way out
             signal.signal(signum, signal.SIG_IGN)
-        self.say(f"checkpointed on {name} at step {self.steps_done}: exit code {REQUEUE_EXIT_CODE}, run again "
+        self.say(f"checkpointed on {name} at step {self.steps_done}: exit code {EXIT_REQUEUE}, run again "
                  "with --resume (a job submitted by dlokit.race requeues itself and resumes from here)")
         wait_for_every_rank("checkpointed", CHECKPOINTED_WAIT_S)
         abort_process_group(self.device)
-        return REQUEUE_EXIT_CODE
+        return EXIT_REQUEUE
 
     def _claim_end(self) -> bool:
         """True for the first way out only (the record is finished once)."""

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subs
 from torchvision.transforms import v2 as T
 
 from dlokit import rank as job
+from dlokit.jobenv import EXIT_BAD_OPTIONS
 from dlokit.runrecord import shared_run_id
 
 # The shared modules live in tp_scripts/: beside your copy of this script, one folder up from the solution.
@@ -159,7 +160,7 @@ def fail(rank: int, message: str) -> int:
     if rank == 0:
         print(f"train_classifier.py: error: {message}", file=sys.stderr, flush=True)
     job.destroy_process_group()
-    return 2
+    return EXIT_BAD_OPTIONS
 
 
 # ---- set-up: process group, data, model, optimiser ---------------------------------------------

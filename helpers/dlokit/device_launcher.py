@@ -29,7 +29,6 @@ from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
 FAILED_TASK_GRACE_S = 10.0  # after a task failed, how long the others get to record why they stop
-REQUEUE_EXIT_CODE = 75  # a task that checkpointed on a signal (every rank leaves with it): not a failure
 AUTO_MEM_FRACTION = 0.8  # mem = "auto": this share of the memory available when the job starts
 
 
@@ -103,7 +102,8 @@ def _failed_task(folder: Path, pid: int) -> tuple[int, int] | None:
             task, code = int(path.name.split("_")[1]), usage.get("returncode")
         except (OSError, ValueError, IndexError, AttributeError):
             continue
-        if isinstance(code, int) and code not in (0, REQUEUE_EXIT_CODE) and not usage.get("cancelled"):
+        # a checkpoint on a signal (EXIT_REQUEUE, every rank leaves with it) is no failure
+        if isinstance(code, int) and code not in (0, jobenv.EXIT_REQUEUE) and not usage.get("cancelled"):
             return task, code
     return None
 

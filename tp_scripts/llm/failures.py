@@ -23,10 +23,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from dlokit.jobenv import EXIT_PEER_FAILED  # the exit codes of both scripts: one table, in dlokit.jobenv
+
 # the first failing rank's cause; how many ranks failed; how many stopped (failed or not) and have
 # recorded why; the failing ranks have seen every acknowledgement; how many stopped ranks have left
 KEY, FAILED, ACK, DONE, LEFT = (f"train_llm/failure_{name}" for name in ("cause", "count", "ack", "done", "left"))
-EXIT_FAILED, EXIT_OOM, EXIT_PEER_FAILED = 1, 3, 4
 
 
 def _default_store():

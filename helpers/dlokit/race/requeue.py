@@ -29,7 +29,6 @@ from .. import jobenv
 from ..analysis.race_history import segment_id
 from ..submit import ScriptTask, children_of
 
-REQUEUE_EXIT_CODE = 75  # tp_scripts/instrument.py: checkpointed on a signal, run me again with --resume
 
 
 def option_value(argv: list[str], option: str) -> str | None:
@@ -90,7 +89,7 @@ class RequeueingTask(ScriptTask):
         try:
             return task()
         except FailedJobError as error:
-            if getattr(error.__cause__, "returncode", None) != REQUEUE_EXIT_CODE:
+            if getattr(error.__cause__, "returncode", None) != jobenv.EXIT_REQUEUE:
                 raise
         finally:
             for signum, handler in previous.items():

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from dlokit import rank as dlorank
+from dlokit.jobenv import EXIT_BAD_OPTIONS, EXIT_FAILED, EXIT_OUT_OF_MEMORY
 from dlokit.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.runrecord import RunRecorder, shared_run_id
 
@@ -43,7 +44,7 @@ from checkpoint import load_checkpoint, save_checkpoint
 from collectives import CollectiveLog
 from data import TokenBatches
 from device_memory import limit_memory
-from failures import EXIT_FAILED, EXIT_OOM, FailureWatch, exit_now, is_out_of_memory
+from failures import FailureWatch, exit_now, is_out_of_memory
 from grad_norm import global_grad_norm
 from llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
 from memory_meter import MemoryMeter
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
         dims = plan_degrees(args, config, env.world_size)
     except (ValueError, ArgumentsError) as error:
         print(f"train_llm.py: error: {error}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_OPTIONS
     device = dlorank.init_process_group(backend=process_group_backend(args, torch.cuda.is_available()))
     if args.tf32:
         torch.set_float32_matmul_precision("high")
@@ -115,7 +116,7 @@ def out_of_memory(error, args, env, device, recorder, watch):
     recorder.finish(status="oom", error=message, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
                     host_rss_peak_mb=peak_rss_mb())
     watch.announce(f"ran out of memory: {message}")
-    exit_now(EXIT_OOM)
+    exit_now(EXIT_OUT_OF_MEMORY)
 
 
 # ---- one run: parallelize, optimizer, resume, steps, checkpoint, summary --------------------------
