@@ -32,3 +32,18 @@ def test_architecture_names_every_helper_module_once_and_every_path_it_names_exi
     assert sorted(named) == sorted(present), "docs/architecture.md's table of helpers is out of step"
     for path in re.findall(r"`((?:helpers|tp_scripts|docs|tests|scripts)/[\w/.-]+)`", page):
         assert (REPO / path).exists(), f"docs/architecture.md names {path}, which does not exist"
+
+
+def test_architecture_names_every_training_script_module_once():
+    import re
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    table = page.split("## The training scripts' files", 1)[1].split("\n## ", 1)[0]
+    rows = {row.split("|")[1].strip(" `").split("`")[0]: row for row in table.splitlines() if row.startswith("| `tp_scripts/")}
+    for folder in ("tp_scripts/", "tp_scripts/llm/"):
+        named = re.findall(r"`(\w+\.py)`", "|".join(rows[folder].split("|")[2:]))
+        present = [p.name for p in (REPO / folder).glob("*.py")]
+        assert sorted(named) == sorted(present), f"docs/architecture.md's row for {folder} is out of step"
+        students = [p.name for p in (REPO / folder / "solutions").glob("*.py")]
+        assert sorted(re.findall(r"`(\w+\.py)`", rows[folder].split("|")[2])) == sorted(students), \
+            f"docs/architecture.md's students' files of {folder} are not those of {folder}solutions/"
