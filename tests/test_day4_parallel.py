@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tp_scripts" / "llm" / "solutions" / "train_llm.py"
-OOM_AT_STEP = ROOT / "tests" / "job_scripts" / "oom_at_step.py"  # runs SCRIPT with a fake out-of-memory error
+INJECT = ROOT / "tests" / "job_scripts" / "inject.py"  # runs SCRIPT with a fault in it
 STEPS = 6
 COMMON = ["--config", "tiny", "--data", "text", "--lr", "3e-3", "--steps", str(STEPS), "--batch-size", "8",
           "--seq-len", "64", "--grad-norm"]
@@ -55,8 +55,8 @@ def clean_env(run_id, extra=None):
 
 
 def launch(tmp_path, run_id, args, nproc=1, check=True, env=None, oom_at=None):
-    if nproc == 1:  # oom_at "RANK:STEP": through tests/job_scripts/oom_at_step.py
-        command = [sys.executable, *([str(OOM_AT_STEP), oom_at] if oom_at else []), str(SCRIPT)]
+    if nproc == 1:  # oom_at "RANK:STEP": through tests/job_scripts/inject.py
+        command = [sys.executable, *([str(INJECT), "oom", oom_at] if oom_at else []), str(SCRIPT)]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT)]
     result = subprocess.run(command + args + ["--runs-dir", str(tmp_path / "runs")], env=clean_env(run_id, env),
@@ -353,7 +353,7 @@ def test_out_of_memory_on_one_rank_stops_every_rank_and_says_why(tmp_path):
     for rank in range(2):
         env = {**clean_env("oom"), "RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        processes.append(subprocess.Popen([sys.executable, str(OOM_AT_STEP), "1:2", str(SCRIPT), *COMMON, "--mode", "fsdp", "--runs-dir",
+        processes.append(subprocess.Popen([sys.executable, str(INJECT), "oom", "1:2", str(SCRIPT), *COMMON, "--mode", "fsdp", "--runs-dir",
                                            str(tmp_path / "runs")], env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
     try:

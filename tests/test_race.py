@@ -21,6 +21,7 @@ from dlokit.race.submit import race_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tp_scripts" / "solutions" / "train_classifier.py"
+INJECT = REPO / "tests" / "job_scripts" / "inject.py"  # runs SCRIPT with a fault in it
 PYTHON = sys.executable
 TINY = ["--model", "resnet18", "--image-size", "32", "--batch-size", "8"]
 
@@ -37,10 +38,11 @@ def tiny(tmp_path_factory) -> Path:
     return root
 
 
-def script(runs: Path, run_id: str, *args, nproc: int = 1, env: dict | None = None) -> subprocess.Popen:
+def script(runs: Path, run_id: str, *args, nproc: int = 1, env: dict | None = None, inject: tuple = ()) -> subprocess.Popen:
+    """The reference script (inject: a fault, through tests/job_scripts/inject.py)."""
     launcher = [PYTHON] if nproc == 1 else [str(Path(PYTHON).with_name("torchrun")), "--nproc_per_node", str(nproc)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen([*launcher, str(SCRIPT), "--runs-dir", str(runs), *TINY, "--print-every", "1000",
+    return subprocess.Popen([*launcher, *([str(INJECT), *inject] if inject else []), str(SCRIPT), "--runs-dir", str(runs), *TINY, "--print-every", "1000",
                              *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -222,7 +224,7 @@ def test_two_ranks_stop_at_the_same_step_when_one_is_signalled(tmp_path, tiny):
     """Rank 0 (which writes the checkpoint) is made 3 s slower to finish: rank 1 must wait for it, since torchrun
     stops every rank as soon as one exits with 75 (seen under load: rank 0 killed, its checkpoint lost)."""
     process = script(tmp_path, "pair", "--data", tiny, "--epochs", 3, "--checkpoint-on-signal", nproc=2,
-                     env={"DLOKIT_TEST_SLOW_CHECKPOINT_S": "3"})
+                     inject=("slow-checkpoint", "3"))
     wait_for_validation(tmp_path / "pair" / "rank1" / "metrics.jsonl", process)
     workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
     rank1 = next(int(pid) for pid in workers if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())

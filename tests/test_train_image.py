@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"
 SOLUTIONS = TP_SCRIPTS / "solutions"
 SCRIPT = SOLUTIONS / "train_classifier.py"
-OOM_AT_STEP = REPO / "tests" / "job_scripts" / "oom_at_step.py"  # runs SCRIPT with a fake out-of-memory error
+INJECT = REPO / "tests" / "job_scripts" / "inject.py"  # runs SCRIPT with a fault in it
 STUDENT = TP_SCRIPTS / "train_classifier.py"
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
@@ -273,12 +273,12 @@ def free_port() -> int:
 
 def test_oom_on_one_rank_ends_every_rank_and_is_recorded(tmp_path):
     """Two gloo ranks started like srun tasks (no torchrun to kill the survivor): rank 1 runs out of memory
-    at step 3 (tests/job_scripts/oom_at_step.py); rank 0, waiting in its next all-reduce, must end by itself, promptly."""
+    at step 3 (tests/job_scripts/inject.py); rank 0, waiting in its next all-reduce, must end by itself, promptly."""
     port, processes = free_port(), []
     for rank in (0, 1):
         env = {**env_for("oom"), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [PYTHON, str(OOM_AT_STEP), "1:3", str(SCRIPT), "--runs-dir", str(tmp_path), *SMALL, "--data", "synthetic", "--num-classes", 4,
+        cmd = [PYTHON, str(INJECT), "oom", "1:3", str(SCRIPT), "--runs-dir", str(tmp_path), *SMALL, "--data", "synthetic", "--num-classes", 4,
                "--batch-size", 4, "--test", "--test-nsteps", 8, "--synthetic-steps", 8]
         processes.append(subprocess.Popen([*map(str, cmd)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))

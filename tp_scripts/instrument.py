@@ -58,9 +58,6 @@ LEAVE_GRACE_S = 1.0      # then the others give its process that long to end bef
 CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
 FROZEN_S = 15.0          # another rank whose watch thread has not written for this long: its process is frozen
 STALL_S = 90.0           # no rank got a batch further for this long (first step done): the job is stuck
-# Test only (tests/test_race.py): rank 0 takes this many more seconds to write its records after a signal's
-# checkpoint, as a large checkpoint on a slow file system would. Never set it for a real run.
-TEST_SLOW_CHECKPOINT = "DLOKIT_TEST_SLOW_CHECKPOINT_S"
 
 
 class Instrument:
@@ -369,8 +366,6 @@ class Instrument:
         """The checkpoint the signal asked for is saved: summary 'checkpointed' (with `signal`), the process group
         left. Returns the exit code, EXIT_REQUEUE: the kit's job then requeues itself and resumes."""
         name = self.on_signal.received
-        if self.rank == 0 and os.environ.get(TEST_SLOW_CHECKPOINT):
-            time.sleep(float(os.environ[TEST_SLOW_CHECKPOINT]))
         if not self._ended:
             self.record.log("event", event="checkpointed_on_signal", signal=name, step=self.steps_done)
         self.finish(status="checkpointed", signal=name, steps=self.steps_done, **extra)
