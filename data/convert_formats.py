@@ -31,10 +31,11 @@ import numpy as np
 import webdataset as wds
 from torchvision import datasets
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tp_scripts"))  # the readers the training uses
-from storage_formats import (MANIFEST, RAW_FOLDER, RESIZE, SHARD_FOLDER, SPLITS, Checksum, DataSetError, RawImages,
-                             decode, fixed_size, fixed_size_folder, read_manifest, source_folder)
-from webdataset_stream import shard_pipeline
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the readers the training uses: tp_scripts/common
+from tp_scripts.common.storage_formats import (MANIFEST, RAW_FOLDER, RESIZE, SHARD_FOLDER, SPLITS, Checksum,  # noqa: E402
+                                               DataSetError, RawImages, decode, fixed_size, fixed_size_folder,
+                                               read_manifest, source_folder)
+from tp_scripts.common.webdataset_stream import shard_pipeline  # noqa: E402
 
 FORMATS = ("folder", "webdataset", "raw")
 

@@ -3,7 +3,7 @@
     import idr_torch
     if idr_torch.rank == 0: ...
 """
-from dlokit.rank import detect as _detect
+from dlokit.in_job.rank import detect as _detect
 
 _env = _detect()
 rank = _env.rank

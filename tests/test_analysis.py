@@ -11,7 +11,7 @@ import torch
 
 from dlokit import analysis
 from dlokit.analysis.profiler import CATEGORIES
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 
 
 def figure_texts(figure):

@@ -13,7 +13,7 @@ import pytest
 
 import dlokit
 from dlokit import checks
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 IMAGES = 24

@@ -8,7 +8,6 @@ runs are cheap.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -17,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dlokit import jobenv
-from dlokit.runrecord import read_rank
+from dlokit.in_job import jobenv
+from dlokit.in_job.runrecord import read_rank
+from script_modules import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "tp_scripts" / "solutions" / "compile_bench.py"
@@ -51,11 +51,10 @@ def results(runs: Path, run_id: str, rank: int = 0) -> dict:
     return {(m["part"], m["variant"]): m for m in lines}
 
 
-sys.path.insert(0, str(REPO / "tp_scripts"))  # the shared modules: compile_support, train_options
 
 
 def needs_compiler():
-    from compile_support import missing_compiler
+    missing_compiler = common("compile_support").missing_compiler
 
     problem = missing_compiler("cpu")
     if problem:
@@ -146,10 +145,7 @@ def test_reduce_overhead_is_skipped_on_the_cpu(tmp_path):
 
 
 def load_solution():
-    spec = importlib.util.spec_from_file_location("compile_bench_solution", SOLUTION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SOLUTION, "compile_bench_solution")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -170,7 +166,7 @@ def test_bad_bench_options_stop_with_exit_code_2(args, message, capsys):
     (["--device", "cpu", "--compile-mode", "reduce-overhead"], "GPU only"),
 ])
 def test_bad_compile_mode_stops_train_classifier_with_exit_code_2(args, message, capsys):
-    from train_options import parse_args
+    parse_args = common("train_options").parse_args
 
     with pytest.raises(SystemExit) as stopped:
         parse_args(["--data", "synthetic", "--model", "resnet18", *args])

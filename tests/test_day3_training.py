@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dlokit.runrecord import read_rank
+from dlokit.in_job.runrecord import read_rank
+from script_modules import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"
@@ -179,7 +180,7 @@ def test_lr_finder_run_records_its_trials_and_suggestion(tmp_path):
 def refused(capsys, monkeypatch):
     """refused(options) parses them as the script does, expects exit code 2 and returns the message."""
     monkeypatch.syspath_prepend(str(TP_SCRIPTS))  # train_options and the shared modules it imports
-    from train_options import parse_args
+    parse_args = common("train_options").parse_args
 
     def refuse(argv, world_size=1, cuda_available=False) -> str:
         with pytest.raises(SystemExit) as exit_info:

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dlokit.in_job.measure import tf32_enabled
 from dlokit.memory_model import estimate, params_on_rank
+from script_modules import common, load_script  # noqa: E402
 
 LLM = Path(__file__).resolve().parents[1] / "tp_scripts" / "llm"
-sys.path[:0] = [str(LLM / "solutions"), str(LLM)]  # the reference solutions first, then the shared modules
-model_lib = importlib.import_module("model")
-train_llm = importlib.import_module("train_llm")
+model_lib = common("model", llm=True)
+train_llm = load_script(LLM / "solutions" / "train_llm.py")
 
 
 @pytest.mark.parametrize("name", list(model_lib.CONFIGS))
@@ -125,7 +126,7 @@ def test_memory_model_sharding_arithmetic():
 
 # ---- MFU: the peak of the run's arithmetic on that GPU model (fake device names) ----
 
-mfu_lib = importlib.import_module("mfu")
+mfu_lib = common("mfu", llm=True)
 
 
 @pytest.mark.parametrize("name, kind, peak", [
@@ -171,9 +172,9 @@ def test_mfu_reads_the_device_and_the_tf32_setting(monkeypatch):
     previous = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
-        assert mfu_lib.tf32_enabled()
+        assert tf32_enabled(ops=("matmul",))
         torch.set_float32_matmul_precision("highest")
-        assert not mfu_lib.tf32_enabled()
+        assert not tf32_enabled(ops=("matmul",))
     finally:
         torch.set_float32_matmul_precision(previous)
 
@@ -201,7 +202,7 @@ def test_options_outside_their_modes_are_refused(mode, extra, message):
         train_llm.plan_degrees(args, config, 2)
 
 
-timing = importlib.import_module("timing")
+timing = common("timing", llm=True)
 
 
 def test_section_timer_on_cpu_sums_host_time_and_resets():
@@ -253,13 +254,13 @@ def test_tp_scratch_gets_its_timer_explicitly():
 
     source = inspect.getsource(train_llm)
     assert "sys.modules" not in source
-    tp_scratch = importlib.import_module("parallel_tp_scratch")
+    tp_scratch = load_script(LLM / "solutions" / "parallel_tp_scratch.py")
     assert "timer" in inspect.signature(tp_scratch.parallelize_tp_scratch).parameters
     assert not hasattr(tp_scratch, "COMM_SECONDS")
 
 
 def test_context_parallel_positions_cover_the_sequence_once_and_balance_the_work():
-    cp_lib = importlib.import_module("parallel_cp")
+    cp_lib = load_script(LLM / "solutions" / "parallel_cp.py")
     seq, size = 64, 4
     parts = [cp_lib.load_balanced_positions(seq, r, size) for r in range(size)]
     assert sorted(torch.cat(parts).tolist()) == list(range(seq))
@@ -271,7 +272,7 @@ def test_context_parallel_positions_cover_the_sequence_once_and_balance_the_work
 def test_every_mode_is_a_set_of_degrees_over_the_world(world):
     """--mode is a shortcut: each names degrees (pp, dp_replicate, dp_shard, cp, tp) whose product is the
     world size, and the data-parallel strategy they imply."""
-    dims_lib = importlib.import_module("parallel_dims")
+    dims_lib = common("parallel_dims", llm=True)
     expected = {"single": None, "ddp": "ddp", "zero1": "zero1", "fsdp": "fsdp", "hsdp": "hsdp", "pp": None,
                 "tp-scratch": None, "tp": None, "fsdp-tp": "fsdp", "cp": "fsdp"}
     assert set(expected) == set(train_llm.MODES)

@@ -1,6 +1,5 @@
 """Day 4, beyond the course: int8 dynamic quantisation, 2:4 and unstructured pruning of the trained model,
 measured (size, inference speed, validation loss) by compress_bench.py and shown by dlokit.analysis.compress."""
-import importlib
 import json
 import os
 import subprocess
@@ -11,13 +10,13 @@ import pytest
 import torch
 
 from dlokit.analysis.compress import compression_plot, compression_table
+from script_modules import common, load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LLM = ROOT / "tp_scripts" / "llm"
-sys.path.insert(0, str(LLM))
-compress = importlib.import_module("compress")
-compress_bench = importlib.import_module("compress_bench")
-model_lib = importlib.import_module("model")
+compress = common("compress", llm=True)
+compress_bench = load_script(LLM / "compress_bench.py")
+model_lib = common("model", llm=True)
 
 
 def run_bench(tmp_path, run_id, *options):
@@ -79,7 +78,7 @@ def test_mask_2_4_keeps_the_two_largest_of_every_four_and_packs_them():
 
 
 def test_weights_load_from_a_train_llm_checkpoint(tmp_path):
-    checkpoint = importlib.import_module("checkpoint")
+    checkpoint = common("checkpoint", llm=True)
     config = model_lib.get_config("tiny")
     torch.manual_seed(1)
     trained = model_lib.Llama(config)

@@ -293,7 +293,7 @@ def test_ddp_runs_out_of_memory_where_fsdp_fits(backend):
 def test_fsdp_exits_cleanly_every_time(tmp_path):
     """A completed FSDP2 run on 2 gloo ranks used to end with SIGABRT on rank 0 ("terminate called without
     an active exception"): a gloo worker thread freeing a finished collective's tensors while Python
-    finalises (failures.exit_now; issue 12 saw 2 runs in 9, 1 in 12 here under load). A 1-in-5
+    finalises (dlokit.in_job.peers.leave_now; issue 12 saw 2 runs in 9, 1 in 12 here under load). A 1-in-5
     failure survives these 3 runs with 0.8^3 = 51 %, and the suite's other FSDP2 runs on 2 ranks (Day 4's
     notebook, the parallel and checkpoint tests: 15 more) check the exit status too: 0.8^18 < 2 %."""
     failures = []

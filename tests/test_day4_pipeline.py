@@ -113,7 +113,7 @@ def test_views_draw_the_timeline_and_the_bubble(runs_dir, gpipe_runs):
 
 def write_gpipe(runs_dir, run_id, m, idle, cpu):
     """A two-stage GPipe record: each rank's idle fraction, and its (cpu_window_s, cores_busy_s, own_cpu_s)."""
-    from dlokit.runrecord import RunRecorder
+    from dlokit.in_job.runrecord import RunRecorder
 
     for rank in (0, 1):
         recorder = RunRecorder({"mode": "pp", "pp": 2, "pp_schedule": "gpipe", "microbatches": m, "warmup": 0},

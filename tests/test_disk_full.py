@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit import runrecord
-from dlokit.runrecord import RecordWriteError, RunRecorder, read_rank
+from dlokit.in_job import runrecord
+from dlokit.in_job.runrecord import RecordWriteError, RunRecorder, read_rank
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).parent / "job_scripts"
@@ -74,14 +74,13 @@ def test_a_job_whose_disk_fills_up_fails_naming_the_record_file(workspace):
     assert f"runs/{job_id}/rank0/summary.json" in outcome.cause, outcome.cause
 
 
-# ---- checkpoints (tp_scripts/checkpointing.py: temporary file, then rename) -------------------------
+# ---- checkpoints (tp_scripts/common/checkpointing.py: temporary file, then rename) -------------------------
 
 @pytest.fixture
-def checkpointing(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "tp_scripts"))
-    import checkpointing
+def checkpointing():
+    from script_modules import common
 
-    return checkpointing
+    return common("checkpointing")
 
 
 def _training_state():

@@ -29,21 +29,29 @@ def test_architecture_names_every_helper_module_once_and_every_path_it_names_exi
     package = REPO / "helpers" / "dlokit"
     present = [p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
                if p.suffix == ".py" or (p / "__init__.py").is_file()]
+    present += [p.name for p in (package / "in_job").glob("*.py") if p.name != "__init__.py"]  # listed one by one
     assert sorted(named) == sorted(present), "docs/architecture.md's table of helpers is out of step"
     for path in re.findall(r"`((?:helpers|tp_scripts|docs|tests|scripts)/[\w/.-]+)`", page):
         assert (REPO / path).exists(), f"docs/architecture.md names {path}, which does not exist"
 
 
 def test_architecture_names_every_training_script_module_once():
+    """The table lists each folder's files in three columns: the students' (those of solutions/), the ones a TP
+    runs, and those of common/; `ls` of the folder shows nothing else but common/, llm/ and solutions/."""
     import re
 
     page = (REPO / "docs" / "architecture.md").read_text()
     table = page.split("## The training scripts' files", 1)[1].split("\n## ", 1)[0]
-    rows = {row.split("|")[1].strip(" `").split("`")[0]: row for row in table.splitlines() if row.startswith("| `tp_scripts/")}
+    rows = {row.split("|")[1].strip(" `").split("`")[0]: row.split("|")[2:5] for row in table.splitlines()
+            if row.startswith("| `tp_scripts/")}
     for folder in ("tp_scripts/", "tp_scripts/llm/"):
-        named = re.findall(r"`(\w+\.py)`", "|".join(rows[folder].split("|")[2:]))
-        present = [p.name for p in (REPO / folder).glob("*.py")]
-        assert sorted(named) == sorted(present), f"docs/architecture.md's row for {folder} is out of step"
-        students = [p.name for p in (REPO / folder / "solutions").glob("*.py")]
-        assert sorted(re.findall(r"`(\w+\.py)`", rows[folder].split("|")[2])) == sorted(students), \
+        students, tools, shared = (sorted(re.findall(r"`(\w+\.py)`", column)) for column in rows[folder])
+        assert students == sorted(p.name for p in (REPO / folder / "solutions").glob("*.py")), \
             f"docs/architecture.md's students' files of {folder} are not those of {folder}solutions/"
+        assert sorted(students + tools) == sorted(p.name for p in (REPO / folder).glob("*.py")), \
+            f"docs/architecture.md's row for {folder} is out of step with the files in it"
+        assert shared == sorted(p.name for p in (REPO / folder / "common").glob("*.py") if p.name != "__init__.py"), \
+            f"docs/architecture.md's row for {folder} is out of step with {folder}common/"
+        folders = sorted(p.name for p in (REPO / folder).iterdir() if p.is_dir() and not p.name.startswith("__"))
+        assert folders == (["common", "llm", "solutions"] if folder == "tp_scripts/" else ["common", "solutions"])
+        assert (REPO / folder / "solutions" / "common").resolve() == (REPO / folder / "common").resolve()

@@ -1,4 +1,4 @@
-"""GPU code paths of the image script and dlokit.measure, tested on a machine without a GPU: NVML is a fake
+"""GPU code paths of the image script and dlokit.in_job.measure, tested on a machine without a GPU: NVML is a fake
 module (sys.modules), the CUDA device properties are fakes, the TF32 flags are PyTorch's own (they can be
 set and read without a GPU)."""
 from __future__ import annotations
@@ -15,18 +15,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dlokit import measure
+from dlokit.in_job import measure
+from script_modules import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tp_scripts" / "solutions" / "train_classifier.py"
-sys.path.insert(0, str(REPO / "tp_scripts"))
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_classifier_gpu_paths", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_solution():
+    return load_script(SCRIPT, "train_classifier_gpu_paths")
 
 
 # ---- energy: NVML's handle is the GPU this process uses, whatever CUDA_VISIBLE_DEVICES hides -------------
@@ -149,7 +146,7 @@ def test_pynvml_is_a_dependency_and_imports_without_a_gpu():
 # ---- SyncBatchNorm: --sync-bn converts on one GPU too -------------------------------------------------------
 
 def test_sync_bn_is_converted_on_a_single_rank():
-    script = load_script()
+    script = load_solution()
     args = types.SimpleNamespace(sync_bn=True, find_unused_parameters=False, static_graph=False,
                                  gradient_as_bucket_view=False, bucket_cap_mb=None)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
@@ -176,8 +173,8 @@ def tf32_restored():
 
 
 def test_set_tf32_leaves_the_legacy_flags_readable(tf32_restored):
-    script = load_script()
-    from instrument import tf32_enabled
+    script = load_solution()
+    from dlokit.in_job.measure import tf32_enabled
 
     for enabled in (False, True, False):
         script.set_tf32(enabled)

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 import dlokit
 from dlokit import hpo, jobs
-from dlokit.runrecord import read_rank
+from dlokit.in_job.runrecord import read_rank
 
 pytestmark = pytest.mark.slow
 

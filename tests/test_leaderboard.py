@@ -13,7 +13,7 @@ import matplotlib
 import pytest
 
 from dlokit import race
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 
 matplotlib.use("Agg")
 REPO = Path(__file__).resolve().parents[1]

@@ -187,7 +187,7 @@ RACE = """
 import json, math, sys
 from pathlib import Path
 from dlokit import race
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 action, runs, board_folder = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 board = race.Leaderboard(board_folder, runs, budget_gpu_hours=math.inf)
 if action == "post":  # a finished race run of this student, then its entry

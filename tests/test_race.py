@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit import energy, race
+from dlokit import race
+from dlokit.in_job import energy
 from dlokit.analysis import load_run
 from dlokit.jobspec import JobSpec, sbatch_preview
-from dlokit.race.submit import race_profile
+from dlokit.race.launch import race_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tp_scripts" / "solutions" / "train_classifier.py"

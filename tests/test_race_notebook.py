@@ -127,7 +127,7 @@ def test_race_notebook_on_local_slurm(isolated, slurm_cluster):
 
 def race_record(runs: Path, run_id: str, data, val_accs: list[float], epochs: int | None = None) -> None:
     """A finished race run's record: `epochs` asked for, one validation line per value in val_accs."""
-    from dlokit.runrecord import RunRecorder
+    from dlokit.in_job.runrecord import RunRecorder
 
     config = {"model": "resnet18", "batch_size": 8, "image_size": 32, "data": str(data), "test": False,
               "epochs": epochs or len(val_accs)}

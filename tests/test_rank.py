@@ -1,7 +1,7 @@
 """The rank bootstrap reads torchrun, Slurm or nothing, and agrees with idr_torch's names."""
 import pytest
 
-from dlokit import rank
+from dlokit.in_job import rank
 
 
 @pytest.mark.parametrize("nodelist,hosts", [

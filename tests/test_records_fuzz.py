@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 import dlokit
 import dlokit.checks as checks
 from dlokit import analysis, jobs
-from dlokit.runrecord import RunRecorder, read_rank
+from dlokit.in_job.runrecord import RunRecorder, read_rank
 
 GOOD, STEPS, BATCH = "good", 120, 16
 NOISE = random.Random(16)  # deterministic "binary" content

@@ -4,10 +4,10 @@ import subprocess
 import sys
 import time
 
-from dlokit.runrecord import RunRecorder, read_rank
+from dlokit.in_job.runrecord import RunRecorder, read_rank
 
 DIES_OF_OOM = """
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 record = RunRecorder({"batch_size": 4096}, runs_dir="runs", run_id="big")
 record.log("step", step=1, loss=2.0)
 raise MemoryError("the allocator gave up")
@@ -48,7 +48,7 @@ def test_own_cpu_counts_descendants_this_process_never_waits_for():
     never waits for them, os.times leaves them out, yet their CPU time is the run's own, not other work's."""
     import multiprocessing
 
-    from dlokit.runrecord import CpuUse
+    from dlokit.in_job.runrecord import CpuUse
 
     context = multiprocessing.get_context("forkserver")
     use = CpuUse()

@@ -1,7 +1,7 @@
 """A user's part of a shared folder: theirs alone, or readable by the group of a setgid class folder."""
 import stat
 
-from dlokit import shared_folders
+from dlokit.in_job import shared_folders
 
 
 def mode(path) -> int:

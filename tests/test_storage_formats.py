@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dlokit.runrecord import read_rank
+from dlokit.in_job.runrecord import read_rank
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = REPO / "data" / "convert_formats.py"
@@ -29,11 +29,13 @@ PYTHON = sys.executable
 TRAIN_IMAGES, VAL_IMAGES, PER_SHARD = 36, 9, 5
 
 sys.path.insert(0, str(REPO / "data"))
-sys.path.insert(0, str(REPO / "tp_scripts"))
 import convert_formats  # noqa: E402
 import make_synthetic_imagenet  # noqa: E402
-from storage_formats import fixed_size  # noqa: E402
-from webdataset_stream import ShardStream, shard_loaders, shard_pipeline, smallest_share  # noqa: E402
+from script_modules import common, load_script  # noqa: E402
+
+fixed_size = common("storage_formats").fixed_size
+ShardStream, shard_loaders, shard_pipeline, smallest_share = (
+    getattr(common("webdataset_stream"), name) for name in ("ShardStream", "shard_loaders", "shard_pipeline", "smallest_share"))
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,7 @@ def test_shard_order_follows_seed_and_epoch_the_same_on_every_rank(converted):
 
 
 def test_training_stream_gives_every_rank_the_same_number_of_full_batches(converted):
-    from image_data import val_transform
+    val_transform = common("image_data").val_transform
 
     streams = [shard_loaders(converted, val_transform(32), val_transform(32), batch_size=4, rank=r, world_size=2,
                              seed=0, loader_options={"num_workers": 2}, validation=True) for r in (0, 1)]
@@ -180,7 +182,7 @@ def test_train_classifier_trains_from_each_format(converted, jpeg, tmp_path, dat
 
 
 def test_train_classifier_refuses_a_format_its_data_lacks(jpeg, converted, tmp_path, capsys):
-    from train_options import parse_args
+    parse_args = common("train_options").parse_args
 
     for args, message in ((["--data", str(converted), "--data-format", "parquet"], "invalid choice"),
                           (["--data", "synthetic", "--data-format", "webdataset"], "--data synthetic has none"),
@@ -223,7 +225,7 @@ def test_read_bench_records_images_per_second_per_format_and_workers(converted, 
     (["--batches", "0"], "--batches"),
 ])
 def test_read_bench_refuses_bad_options(converted, args, message, capsys):
-    import read_bench
+    read_bench = load_script(READ_BENCH)
 
     with pytest.raises(SystemExit) as stopped:
         read_bench.parse_args(["--data", str(converted), *args])

@@ -11,7 +11,7 @@ import pytest
 
 import dlokit
 from dlokit import jobs
-from dlokit.runrecord import read_rank
+from dlokit.in_job.runrecord import read_rank
 
 JOBS = Path(__file__).parent / "job_scripts"
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,6 @@ asserts anything about wall-clock durations.
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -20,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from dlokit.measure import StepClock
-from dlokit.runrecord import read_rank
+from dlokit.in_job.measure import StepClock
+from dlokit.in_job.runrecord import read_rank
 
 REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"
@@ -36,8 +35,8 @@ SMALL = ["--model", "resnet18", "--image-size", "32", "--print-every", "1000"]
 SPLITS = ("t_data", "t_h2d", "t_augment", "t_forward", "t_backward", "t_optimizer")
 
 sys.path.insert(0, str(REPO / "data"))
-sys.path.insert(0, str(TP_SCRIPTS))  # the shared modules: train_options, image_data, instrument...
 import make_synthetic_imagenet  # noqa: E402
+from script_modules import common, load_script  # noqa: E402
 
 
 def make_dataset(root: Path, classes: int, train: int, val: int, size: int = 40) -> Path:
@@ -200,7 +199,7 @@ def test_profiler_writes_one_trace_per_rank(tmp_path, tiny):
 # ---- bad input: a short message and exit code 2, checked in-process (one torch import for all) ----
 
 def refused(capsys, argv, world_size=1) -> str:
-    from train_options import parse_args
+    parse_args = common("train_options").parse_args
 
     with pytest.raises(SystemExit) as exit_info:
         parse_args([*SMALL, *map(str, argv)], world_size=world_size, cuda_available=False)
@@ -332,7 +331,7 @@ def test_cancelled_run_is_recorded_as_cancelled(tmp_path, signum):
 SIGNALLED_TWICE = """
 import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
-import instrument
+from common import instrument
 
 class Run:  # what the handler calls; a second SIGTERM comes while the first cancel is being recorded
     device = "cpu"
@@ -381,7 +380,7 @@ def in_process(monkeypatch, tmp_path, run_id, argv, fake_gpu: bool):
     """
     import torch
 
-    import instrument
+    instrument = common("instrument")
 
     waits = collections.Counter()
     clocks = []
@@ -411,9 +410,7 @@ def in_process(monkeypatch, tmp_path, run_id, argv, fake_gpu: bool):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location(f"train_classifier_{run_id}", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT, f"train_classifier_{run_id}")
     assert module.main(["--runs-dir", str(tmp_path), *SMALL, "--device", "cpu", *map(str, argv)]) == 0
     return rank_record(tmp_path, run_id), waits
 

@@ -39,7 +39,6 @@ import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,12 +48,11 @@ import torchvision
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dlokit import rank as job
-from dlokit.runrecord import RunRecorder, shared_run_id
+from dlokit.in_job import rank as job
+from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-# The shared modules live in tp_scripts/: beside your copy of this script, one folder up from the solution.
-sys.path.append(str(Path(__file__).resolve().parents[1]))
-from compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
+# The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
+from common.compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
 
 PARTS = ("model", "function")
 NUMPY_VARIANTS = ("numpy", "numpy-compile")  # function part only

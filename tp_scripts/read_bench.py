@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from dlokit import rank as job
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job import rank as job
+from dlokit.in_job.runrecord import RunRecorder
 
-from storage_formats import (DataSetError, RawImages, check_converted, fixed_size, fixed_size_folder, read_manifest,
+from common.storage_formats import (DataSetError, RawImages, check_converted, fixed_size, fixed_size_folder, read_manifest,
                              source_folder)
-from webdataset_stream import shard_pipeline
+from common.webdataset_stream import shard_pipeline
 
 FORMATS = ("folder", "webdataset", "raw")
 

@@ -17,7 +17,7 @@ the failures with their causes, GPU-hours and energy. Where each comes from:
 * jobs: a job is counted once, whatever its segments (a requeued race run); its state and cause come from
   dlokit.job_outcome when the job cards are given (--logs: the folder holding one folder per user), else
   from the run record's status and error;
-* GPU-hours and energy: dlokit.energy (elapsed x devices; NVML, RAPL or n/a).
+* GPU-hours and energy: dlokit.in_job.energy (elapsed x devices; NVML, RAPL or n/a).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import pandas as pd
 
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
-from .energy import jobs_usage
+from .in_job.energy import jobs_usage
 from .jobs import BadCard, job_outcome, load_card
 from .analysis.race_history import SEGMENT, base_id
 

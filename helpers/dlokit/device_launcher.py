@@ -4,7 +4,7 @@
 
 Its pid is the job's native id. While it waits, `<pid>_waiting.json` in the job folder says for what;
 once started, `<pid>_started.json` says when, on which devices and with how much memory (each task's
-script then runs under an RLIMIT_DATA of its share, see submit.ScriptTask). What it and the
+script then runs under an RLIMIT_DATA of its share, see dlokit.in_job.task.ScriptTask). What it and the
 controller print goes to `<pid>_launcher.log`, never into the notebook cell.
 
 Cancelling (SIGINT or SIGTERM to the launcher, as dlokit.cancel does) writes `<pid>_cancelled.json`
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from dlokit import jobenv, rank, tree_memory
+from dlokit import tree_memory
+from dlokit.in_job import jobenv, rank
 from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
@@ -95,7 +96,7 @@ def _wait_for_devices(queue: DeviceQueue, waiting: Path) -> float:
 
 def _failed_task(folder: Path, pid: int) -> tuple[int, int] | None:
     """(task, exit code) of a task of this job that has ended with an error, else None (each task writes
-    `<pid>_<task>_usage.json` as it ends, see dlokit.submit.ScriptTask)."""
+    `<pid>_<task>_usage.json` as it ends, see dlokit.in_job.task.ScriptTask)."""
     for path in folder.glob(f"{pid}_*_usage.json"):
         try:
             usage = json.loads(path.read_text())

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock, Timeout
 
-from . import jobenv
+from .in_job import jobenv
 
 POLL_S = 0.25
 

@@ -49,10 +49,10 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from . import shared_folders
+from .in_job import shared_folders
 from .jobs import JobCard, all_cards, cancel, find_card, job_outcome
 from .profiles import current_profile
-from .runrecord import is_number, read_metrics
+from .in_job.runrecord import is_number, read_metrics
 from .submit import gpu_jobs_submitter
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # this module prints one line per trial event instead

@@ -69,7 +69,8 @@ class JobCard:
         return Path(self.folder) / f"{self.scheduler_id}_{task}_log.{'err' if err else 'out'}"
 
     def launcher_note(self, kind: str) -> dict:
-        """The local launcher's `waiting` or `started` note ({} when absent or unreadable)."""
+        """A note written beside the job: the local launcher's (`waiting`, `started`...) or its task's (`history`
+        of a job that requeued itself, dlokit.race.requeue); {} when absent or unreadable."""
         try:
             value = json.loads((Path(self.folder) / f"{self.scheduler_id}_{kind}.json").read_text())
         except (OSError, ValueError):
@@ -431,10 +432,8 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         outcome.cause = f"the job reached its time limit ({format_seconds(card.time_seconds)}) and was stopped"
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
-    if card.extra.get("requeue"):  # a race job: checkpointed on a signal, requeued, resumed...
-        from .analysis.race_history import requeue_note
-
-        outcome.cause = "\n".join(text for text in (outcome.cause, requeue_note(card)) if text)
+    segments = card.launcher_note("history").get("lines") or []  # a job that requeued itself: what each run did
+    outcome.cause = "\n".join(text for text in (outcome.cause, *segments) if text)
     return outcome
 
 

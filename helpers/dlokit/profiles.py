@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from . import jobenv
+from .in_job import jobenv
 
 BUILTIN_FILE = Path(__file__).with_name("profiles.toml")
 

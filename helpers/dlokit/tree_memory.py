@@ -1,7 +1,7 @@
 """The memory of a local job as a whole: its scripts and every process they start (DataLoader workers, a
 script's own children), as Slurm's cgroup counts it.
 
-Each script runs under an RLIMIT_DATA of its share of the job's limit (see submit.ScriptTask), but that limit is
+Each script runs under an RLIMIT_DATA of its share of the job's limit (see dlokit.in_job.task.ScriptTask), but that limit is
 per process: three children of 800 MiB each pass a 1 GiB limit. The launcher therefore also watches the sum of
 the scripts' trees' proportional set size (PSS: a page shared by forked workers counted once in all) and ends
 the job OUT_OF_MEMORY when it goes past the limit by more than SLACK (the slack leaves a single process to its

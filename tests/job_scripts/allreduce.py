@@ -5,7 +5,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dlokit import rank
+from dlokit.in_job import rank
 
 env = rank.detect()
 device = rank.init_process_group()

@@ -2,7 +2,7 @@
 import errno
 import os
 
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 
 record = RunRecorder({"job": "disk_full"})
 record.log("step", step=0)

@@ -1,10 +1,10 @@
-"""Prints where this task runs: its place in the job as dlokit.rank reads it, its node (as Slurm names it and as
+"""Prints where this task runs: its place in the job as dlokit.in_job.rank reads it, its node (as Slurm names it and as
 the task's own hostname says), its GPUs, and the rendezvous address as it resolves here. No torch: cheap at 8 tasks."""
 import json
 import os
 import socket
 
-from dlokit import rank
+from dlokit.in_job import rank
 
 env = rank.detect()
 print(json.dumps({"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,

@@ -4,7 +4,7 @@ recorded_sleep.py SECONDS FOLDER COUNT: first meets COUNT jobs in FOLDER (see me
 import sys
 import time
 
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.runrecord import RunRecorder
 from meet import meet
 
 record = RunRecorder({"job": "recorded_sleep"})

@@ -1,7 +1,7 @@
 """train_classifier.py (the solution) with one rank stuck where it cannot reach the next collective:
 `--stuck-rank R` makes rank R's validation pass hang, `--frozen` while holding Python's GIL (its process runs
 no Python at all, as a deadlock in C code would), else in plain Python (its threads still run); `--stall-s S`
-shortens the instrument's STALL_S. A test tool, never part of the course: the training script has no such hook."""
+shortens dlokit.in_job.peers.STALL_S. A test tool, never part of the course: the training script has no such hook."""
 import ctypes
 import os
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tp_scripts" / "solutions"))
 import train_classifier  # noqa: E402
 
-import instrument  # noqa: E402  (beside the solution's folder, as train_classifier imports it)
+from dlokit.in_job import peers  # noqa: E402  (RankWatch reads STALL_S from there)
 
 
 def stuck_evaluate(*args, **kwargs):
@@ -28,7 +28,7 @@ if __name__ == "__main__":  # the ranks' DataLoader workers import this file too
     stuck_rank = int(argv[argv.index("--stuck-rank") + 1])
     frozen = "--frozen" in argv
     if "--stall-s" in argv:
-        instrument.STALL_S = float(argv[argv.index("--stall-s") + 1])
+        peers.STALL_S = float(argv[argv.index("--stall-s") + 1])
     ours = ("--stuck-rank", "--stall-s")
     argv = [a for i, a in enumerate(argv) if a not in (*ours, "--frozen") and (i == 0 or argv[i - 1] not in ours)]
     evaluate = train_classifier.evaluate

@@ -5,7 +5,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from dlokit import rank
+from dlokit.in_job import rank
 
 env = rank.detect()
 rank.init_process_group()

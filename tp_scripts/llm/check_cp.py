@@ -19,7 +19,6 @@ Run record (script `check_cp.py`): one `cp_check` line per version; summary.json
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -27,11 +26,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dlokit import rank as dlorank
-from dlokit.runrecord import RunRecorder, shared_run_id
+from dlokit.in_job import rank as dlorank
+from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-from collectives import CollectiveLog
-from model import causal_attention
+from common.collectives import CollectiveLog
+from common.module_file import load_module
+from common.model import causal_attention
 
 HERE = Path(__file__).resolve().parent
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "send", "recv")
@@ -97,8 +97,7 @@ def main(argv=None) -> int:
     if args.solution and not (HERE / "solutions").is_dir():
         print(f"check_cp.py: error: --solution: no solutions folder beside {HERE.name}/check_cp.py", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(HERE / "solutions") if args.solution else str(HERE))
-    cp = importlib.import_module("parallel_cp")  # your copy, or the solution with --solution
+    cp = load_module(HERE / "solutions" if args.solution else HERE, "parallel_cp")
 
     device = dlorank.init_process_group()
     group, rank, size = dist.group.WORLD, dist.get_rank(), dist.get_world_size()

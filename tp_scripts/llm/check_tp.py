@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -30,12 +29,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from dlokit import rank as dlorank
-from dlokit.runrecord import RunRecorder, shared_run_id
+from dlokit.in_job import rank as dlorank
+from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-from collectives import CollectiveLog
-from model import FeedForward, get_config
-from parallel_tp_dtensor import parallelize_sublayer
+from common.collectives import CollectiveLog
+from common.module_file import load_module
+from common.model import FeedForward, get_config
+from common.parallel_tp_dtensor import parallelize_sublayer
 
 HERE = Path(__file__).resolve().parent
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "send", "recv", "gather",
@@ -118,8 +118,7 @@ def main(argv=None) -> int:
         if value % env.world_size:
             print(f"check_tp.py: error: {name} {value} is not divisible by the {env.world_size} ranks", file=sys.stderr)
             return 2
-    sys.path.insert(0, str(HERE / "solutions") if args.solution else str(HERE))
-    scratch = importlib.import_module("parallel_tp_scratch")  # your copy, or the solution with --solution
+    scratch = load_module(HERE / "solutions" if args.solution else HERE, "parallel_tp_scratch")
 
     device = dlorank.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -28,11 +28,11 @@ import warnings
 
 import torch
 
-from dlokit.runrecord import RunRecorder, shared_run_id
+from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-import compress
-from data import TokenBatches
-from model import Llama, get_config, loss_fn
+from common import compress
+from common.data import TokenBatches
+from common.model import Llama, get_config, loss_fn
 
 NOTES = {
     "none": "",

@@ -36,32 +36,29 @@ import sys
 import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from dlokit import rank as dlorank
-from dlokit.jobenv import EXIT_BAD_OPTIONS, EXIT_FAILED, EXIT_OUT_OF_MEMORY
-from dlokit.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
-from dlokit.runrecord import RunRecorder, shared_run_id
+from dlokit.in_job import rank as dlorank
+from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
+from dlokit.in_job.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
+from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
+from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-# The shared modules live in tp_scripts/llm/: beside your copy of this script, one folder up from the solution
-# (searched right after this script's folder, before site-packages: a package there may have the same name).
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from checkpoint import load_checkpoint, save_checkpoint
-from collectives import CollectiveLog
-from data import TokenBatches
-from device_memory import limit_memory
-from failures import FailureWatch, exit_now, is_out_of_memory
-from grad_norm import global_grad_norm
-from llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
-from memory_meter import MemoryMeter
-from meter import Meter
-from model import Llama, count_params, flops_per_token, get_config, loss_fn
+# The shared modules: the package common/ (tp_scripts/llm/common; solutions/common links to it).
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.collectives import CollectiveLog
+from common.data import TokenBatches
+from common.device_memory import limit_memory
+from common.grad_norm import global_grad_norm
+from common.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
+from common.memory_meter import MemoryMeter
+from common.meter import Meter
+from common.model import Llama, count_params, flops_per_token, get_config, loss_fn
 from parallel_cp import choose_cp_attention
-from parallel_dims import ParallelDims
-from parallelize import parallelize
+from common.parallel_dims import ParallelDims
+from common.parallelize import parallelize
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -78,26 +75,24 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     recorder = start_record(args, config, dims.degrees(), env, device)
 
-    def stopped_by_peer(cause):
-        print(f"[train_llm] rank {env.rank}: stopping, {cause}", file=sys.stderr, flush=True)
-        recorder.finish(status="aborted", error=f"stopped because {cause}")
+    def record_stop(status, reason):  # another rank stopped (or the job is stuck): this rank's record says why
+        recorder.finish(status=status, error=reason)
 
-    watch = FailureWatch(env.rank, env.world_size, stopped_by_peer).start()
+    peers = Peers(env.rank, env.world_size, device, record_stop, script="train_llm.py")
     try:
         status = train(args, config, dims, env, device, recorder)
         if dist.is_initialized():
             dist.barrier()  # every rank is done; a failure before this point is still watched
     except Exception as error:
         if is_out_of_memory(error):
-            out_of_memory(error, args, env, device, recorder, watch)
-        cause = watch.peer_failure()  # this rank's collective may have failed because a peer died
-        if cause:
-            watch.stop_for_peer(cause)
+            out_of_memory(error, args, env, device, recorder, peers)
+        code = peers.stopped_by_other_rank()  # this rank's collective may have failed because another one stopped
+        if code is not None:
+            leave_now(code)
         traceback.print_exc()
         recorder.finish(status="failed", error=f"{type(error).__name__}: {error}")
-        watch.announce(f"failed: {type(error).__name__}: {error}")
-        exit_now(EXIT_FAILED)
-    watch.stop()
+        leave_now(peers.failed(f"failed: {type(error).__name__}: {error}"))
+    peers.stop()
     if dist.is_initialized():
         dist.barrier()  # every watcher has stopped before any rank leaves (rank 0 may host the store)
     dlorank.destroy_process_group()
@@ -117,15 +112,14 @@ def start_record(args, config, degrees, env, device) -> RunRecorder:
                        runs_dir=args.runs_dir, script="train_llm.py", device=device)
 
 
-def out_of_memory(error, args, env, device, recorder, watch):
+def out_of_memory(error, args, env, device, recorder, peers):
     message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     print(f"[train_llm] rank {env.rank}: OUT OF MEMORY in mode {args.mode} with config {args.config}: "
           f"{message}", file=sys.stderr, flush=True)
     recorder.log("event", event="oom", error=message)
     recorder.finish(status="oom", error=message, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
                     host_rss_peak_mb=peak_rss_mb())
-    watch.announce(f"ran out of memory: {message}")
-    exit_now(EXIT_OUT_OF_MEMORY)
+    leave_now(peers.failed(f"ran out of memory: {message}", oom=True))
 
 
 # ---- one run: parallelize, optimizer, resume, steps, checkpoint, summary --------------------------
@@ -265,6 +259,6 @@ def forward_backward(run, inputs, targets):
 
 
 if __name__ == "__main__":
-    # Leave without the interpreter's teardown: see failures.exit_now. Everything is written and
+    # Leave without the interpreter's teardown: see dlokit.in_job.peers.leave_now. Everything is written and
     # flushed by now.
-    exit_now(main())
+    leave_now(main())

@@ -33,19 +33,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
 from torchvision.transforms import v2 as T
 
-from dlokit import rank as job
-from dlokit.jobenv import EXIT_BAD_OPTIONS
-from dlokit.runrecord import shared_run_id
+from dlokit.in_job import rank as job
+from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
+from dlokit.in_job.peers import leave_now
+from dlokit.in_job.runrecord import shared_run_id
 
-# The shared modules live in tp_scripts/: beside your copy of this script, one folder up from the solution.
-sys.path.append(str(Path(__file__).resolve().parents[1]))
-from checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
-from image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform, worker_start
-from instrument import Instrument, leave_now
-from storage_formats import open_image_data, read_manifest
-from tracking import start_tracking, stop_tracking
-from train_options import augmentations, parse_args
-from webdataset_stream import shard_loaders
+# The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
+from common.checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
+from common.image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform, worker_start
+from common.instrument import Instrument
+from common.storage_formats import open_image_data, read_manifest
+from common.tracking import start_tracking, stop_tracking
+from common.train_options import augmentations, parse_args
+from common.webdataset_stream import shard_loaders
 
 # Day 3's TP modules sit beside this script (the solution's beside the solution, your copies beside yours).
 import optim_setup

@@ -4,7 +4,7 @@
     memory_plot(["1234", "1235", ...])         # per run: a modelled and a measured bar, stacked by category
 
 train_llm.py measures each rank's parameters, gradients, optimizer states and peak saved activations
-from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/memory_meter.py); the busiest
+from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/common/memory_meter.py); the busiest
 rank (largest measured total) stands for the run. The model is estimate_for_run() on the run's config.
 """
 from __future__ import annotations
@@ -115,20 +115,13 @@ def memory_plot(runs, runs_dir=None):
 
 
 def model_config(scripts, name: str) -> dict:
-    """A model config of the Day 4 scripts (`CONFIGS[name]` of model.py in `scripts`, or in its parent for the
-    solutions), as a dict: the memory model takes it."""
-    import importlib.util
-    import sys
+    """A model config of the Day 4 scripts (`CONFIGS[name]` of common/model.py beside `scripts`), as a dict: the
+    memory model takes it."""
     from dataclasses import asdict
-    from pathlib import Path
 
-    folder = Path(scripts)
-    path = folder / "model.py" if (folder / "model.py").exists() else folder.parent / "model.py"
-    spec = importlib.util.spec_from_file_location("dlokit_day4_model", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return asdict(module.get_config(name))
+    from ..script_modules import common_module
+
+    return asdict(common_module(scripts, "model").get_config(name))
 
 
 def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int) -> dict:

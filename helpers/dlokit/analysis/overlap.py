@@ -1,7 +1,7 @@
 """Did a measurement have its devices to itself? Overlaps between runs, from their own records.
 
 Every run record carries when it ran (`measurement.started_unix`, `ended_unix`), on which host,
-cores and GPUs (see dlokit.runrecord.measurement_context). Two runs overlap when they ran at the
+cores and GPUs (see dlokit.in_job.runrecord.measurement_context). Two runs overlap when they ran at the
 same time on the same host and shared a core or a GPU (unknown cores or GPUs count as shared), or when
 either was a job that shares the machine (`measurement.alone` false: it measured accuracy, not speed, beside
 other such jobs): the speed of such a run is never a measurement.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..energy import Usage, jobs_usage
+from ..in_job.energy import Usage, jobs_usage
 from .run import Run, load_run, runs_folder
 
 SEGMENT = re.compile(r"(?P<base>.+)\.r(?P<k>\d+)")
@@ -104,10 +104,3 @@ def history(job_id: str, runs_dir=None) -> RaceHistory:
     names = ([base] if (root / base).is_dir() else []) + [name for _, name in later]
     return RaceHistory(base, [load_run(name, root) for name in names])
 
-
-def requeue_note(card) -> str:
-    """For dlokit.job_outcome: what happened to a race job's segments ('' when it ran in one go)."""
-    found = history(card.job_id, card.runs_dir)
-    if len(found.segments) < 2 and not any("requeued" in line for line in found.events()):
-        return ""
-    return "\n".join(found.events())

@@ -1,7 +1,7 @@
 """One training run as the notebooks see it: every rank's record, read tolerantly.
 
 Nothing on disk makes a Run raise: a record file that cannot be used gives the state
-"unreadable: rank<k>/<file>: <why>" (see dlokit.runrecord.read_rank), smaller damage (skipped metrics
+"unreadable: rank<k>/<file>: <why>" (see dlokit.in_job.runrecord.read_rank), smaller damage (skipped metrics
 lines, dropped fields) is listed in `problems`, and every view shows both instead of failing.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dlokit.runrecord import UNREADABLE, default_runs_dir, read_rank
+from dlokit.in_job.runrecord import UNREADABLE, default_runs_dir, read_rank
 
 COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed", "missing"
 CANCELLED, SKIPPED = "cancelled", "skipped"

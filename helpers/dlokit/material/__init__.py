@@ -9,7 +9,7 @@ them from there. student_copy(scripts, dest) makes a standalone student folder e
 """
 from dlokit.material.build import (BuildError, build, default_pairs, has_solution, plan, render, stale,
                                    student_copy)
-from dlokit.material.compare import compare, find_solution
+from dlokit.material.diff import compare, find_solution
 from dlokit.material.markers import Block, MarkerError, has_markers, parse_blocks, solution_version, student_version
 
 __all__ = ["Block", "BuildError", "MarkerError", "build", "compare", "default_pairs", "find_solution",

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from dlokit.material.build import BuildError, build, default_pairs, stale
-from dlokit.material.compare import compare
+from dlokit.material.diff import compare
 from dlokit.material.markers import MarkerError
 
 

@@ -19,7 +19,7 @@ from .leaderboard import Leaderboard, LeaderboardError, pareto_front
 from .planner import RacePlan, RacePlanError, TestRun, make_plan, measure
 from ..analysis.race_history import RaceHistory, history
 from .requeue import RequeueingTask
-from .submit import check_begin, submit_run, submit_test
+from .launch import check_begin, submit_run, submit_test
 from .verify import VerifyError, verify_race
 
 __all__ = ["Leaderboard", "LeaderboardError", "RaceForm", "RaceHistory", "RacePlan", "RacePlanError",

@@ -5,30 +5,23 @@
     options = form.options()     # ['--image-size', '64', '--batch-size', '16', ...], checked by the script's parser
 
 The optimiser, schedule and augmentation choices are read from the script's own parser
-(tp_scripts/train_options.py), so the form offers exactly what the script accepts.
+(tp_scripts/common/train_options.py), so the form offers exactly what the script accepts.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 from pathlib import Path
+
+from ..script_modules import common_module
 
 FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_schedule", "augment")
 
 
 def options_module(script: str | Path):
-    """train_options.py of a training script: beside it, or one folder up (the solution's)."""
-    script = Path(script)
-    for folder in (script.parent, script.parent.parent):
-        path = folder / "train_options.py"
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(f"_race_train_options_{abs(hash(path))}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    raise FileNotFoundError(f"no train_options.py beside {script} or one folder up")
+    """common/train_options.py of a training script's folder (yours, or the solution's)."""
+    return common_module(Path(script).parent, "train_options")
 
 
 def _action(parser: argparse.ArgumentParser, option: str):

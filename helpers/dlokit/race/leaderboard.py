@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import shared_folders
+from ..in_job import shared_folders
 from ..jobs import JOB_ID_PATTERN
 from ..jobspec import NAME_PATTERN
 from ..profiles import Profile, current_profile
-from ..runrecord import is_number
+from ..in_job.runrecord import is_number
 from ..analysis.race_history import history
 
 SCHEMA = 1

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..analysis.run import load_run
-from ..energy import run_usage
+from ..in_job.energy import run_usage
 from ..jobspec import format_seconds
 from ..profiles import Profile, current_profile
-from ..runrecord import is_number
+from ..in_job.runrecord import is_number
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".webp", ".bmp")
 TIME_MARGIN = 0.10     # the job's time limit: the plan plus 10 %...

@@ -25,9 +25,9 @@ import submitit
 from submitit.core.utils import FailedJobError
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller then starts the tasks again
 
-from .. import jobenv
-from ..analysis.race_history import segment_id
-from ..submit import ScriptTask, children_of
+from ..in_job import jobenv
+from ..analysis.race_history import history, segment_id
+from ..in_job.task import ScriptTask, children_of
 
 
 
@@ -94,6 +94,8 @@ class RequeueingTask(ScriptTask):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if job.global_rank == 0:
+                _write_history(Path(job.paths.folder) / f"{job.job_id}_history.json", base, runs)
         print(f"{time.strftime('%H:%M:%S')} segment {segment} checkpointed: requeueing job {job.job_id}", flush=True)
         if job.global_rank == 0:
             _write_segment(note, segment + 1)
@@ -122,6 +124,17 @@ def _write_segment(path: Path, segment: int) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"segment": segment, "at": time.time()}))
     os.replace(tmp, path)
+
+
+def _write_history(path: Path, base: str, runs: Path) -> None:
+    """What the job's segments did so far, one line each, beside the job: dlokit.job_outcome adds them to the
+    job's cause (a job that ran in one go writes nothing)."""
+    found = history(base, runs)
+    lines = found.events()
+    if len(found.segments) >= 2 or any("requeued" in line for line in lines):
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"lines": lines}))
+        os.replace(tmp, path)
 
 
 def _completed(folder: Path) -> bool:

@@ -18,14 +18,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
-TP_SCRIPTS = Path(__file__).resolve().parents[3] / "tp_scripts"
-sys.path[:0] = [str(TP_SCRIPTS / "solutions"), str(TP_SCRIPTS)]  # the reference script and its shared modules
+REFERENCE = Path(__file__).resolve().parents[3] / "tp_scripts" / "solutions"
+sys.path.insert(0, str(REFERENCE))  # as if run beside the reference script: it, its TP modules and common/
 
-from checkpointing import resolve  # noqa: E402
-from image_data import val_transform  # noqa: E402
+from common.checkpointing import resolve  # noqa: E402
+from common.image_data import val_transform  # noqa: E402
 from train_classifier import create_model, evaluate, small_image_stem  # noqa: E402
 
-from dlokit.runrecord import RunRecorder  # noqa: E402
+from dlokit.in_job.runrecord import RunRecorder  # noqa: E402
 
 
 def main(argv=None) -> int:

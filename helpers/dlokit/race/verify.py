@@ -21,7 +21,7 @@ from ..analysis import stats
 from ..analysis.run import load_run
 from ..jobs import wait
 from ..profiles import current_profile
-from ..runrecord import is_number
+from ..in_job.runrecord import is_number
 from ..submit import gpu_jobs_submitter
 from .leaderboard import Leaderboard
 from ..analysis.race_history import history

@@ -32,8 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from model import loss_fn
-from timing import Timeline
+from .model import loss_fn
+from .timing import Timeline
 
 PHASES = {"F": "fwd", "B": "bwd", "W": "bwd_weight"}
 SCHEDULES = {"naive": ScheduleGPipe, "gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,

@@ -168,6 +168,20 @@ class StepClock:
         yield from self.ready()
 
 
+def tf32_enabled(ops=("matmul", "conv")) -> bool:
+    """Whether fp32 `ops` on CUDA may all use TF32 tensor cores: matrix products ("matmul", PyTorch's default no)
+    and cuDNN convolutions ("conv", default yes). The classifier asks for both, train_llm.py (no convolution) for
+    "matmul" only."""
+    import torch
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(conv, "conv"):  # torch >= 2.9: per-backend precision
+        allowed = {"matmul": matmul.fp32_precision == "tf32", "conv": conv.conv.fp32_precision == "tf32"}
+    else:
+        allowed = {"matmul": bool(matmul.allow_tf32), "conv": bool(conv.allow_tf32)}
+    return all(allowed[op] for op in ops)
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process (host RAM), in MiB."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -259,7 +273,7 @@ class EnergyMeter:
     def summary(self) -> dict:
         """The summary.json fields: energy in J and Wh, peak power, the GPU's UUID, and GPU-hours (this
         process held its GPU from its start until now; null on the CPU)."""
-        from dlokit.runrecord import PROCESS_START
+        from dlokit.in_job.runrecord import PROCESS_START
 
         energy = self.energy_j()
         return {"energy_j": energy, "energy_wh": energy / 3600 if energy is not None else None,

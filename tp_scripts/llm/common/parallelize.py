@@ -29,12 +29,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from parallel_cp import ContextParallel, context_parallel_region
-from parallel_ddp import parallelize_ddp
-from parallel_dims import ParallelDims
-from parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
-from parallel_tp_dtensor import parallelize_tp
+from .parallel_ddp import parallelize_ddp
+from .parallel_dims import ParallelDims
+from .parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
+from .parallel_tp_dtensor import parallelize_tp
 from parallel_tp_scratch import parallelize_tp_scratch
-from timing import SectionTimer
+from .timing import SectionTimer
 
 
 def _whole(inputs, targets):
@@ -79,7 +79,7 @@ def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device
 
 
 def apply_pipeline(parallel, model, mesh, args, device):
-    from parallel_pp import Pipeline, merged_view  # torch.distributed.pipelining: a second to import, pp only
+    from .parallel_pp import Pipeline, merged_view  # torch.distributed.pipelining: a second to import, pp only
 
     group = mesh.get_group("pp")
     virtual = args.pp_virtual if args.pp_schedule == "interleaved" else 1

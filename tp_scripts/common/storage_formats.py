@@ -28,7 +28,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
 
-from image_data import DataSetError, image_folders, train_transform, val_transform
+from .image_data import DataSetError, image_folders, train_transform, val_transform
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")

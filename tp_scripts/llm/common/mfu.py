@@ -36,14 +36,6 @@ PEAKS = [
 ]
 
 
-def tf32_enabled() -> bool:
-    """Whether fp32 matmuls on CUDA may use TF32 tensor cores (PyTorch's default: no)."""
-    try:
-        return torch.backends.cuda.matmul.fp32_precision == "tf32"
-    except AttributeError:  # older torch
-        return bool(torch.backends.cuda.matmul.allow_tf32)
-
-
 def arithmetic(dtype: str, tf32: bool) -> str:
     """The --dtype of the run and the TF32 setting -> the key of the peak to divide by."""
     if dtype == "bf16":

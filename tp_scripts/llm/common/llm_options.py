@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from parallel_dims import ParallelDims
+from .parallel_dims import ParallelDims
 
 MODES = ("single", "ddp", "zero1", "fsdp", "hsdp", "pp", "tp-scratch", "tp", "fsdp-tp", "cp")
 

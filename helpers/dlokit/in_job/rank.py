@@ -6,7 +6,7 @@ Reads, in this order:
   2. Slurm variables of an `srun` task (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, node list);
   3. otherwise a single process.
 
-    from dlokit import rank
+    from dlokit.in_job import rank
     env = rank.detect()
     device = rank.init_process_group()   # nccl on GPU, gloo on CPU; no-op for one process
 """

@@ -54,7 +54,7 @@ def _cores_busy_ticks(cores) -> int | None:
 def _own_cpu_s() -> float:
     """CPU time of this process and of all its descendants: those it waited for (os.times) and those still
     running, which os.times does not count. The DataLoader workers of a multi-rank job are the children of a
-    forkserver (tp_scripts/image_data.worker_start) that this process never waits for: without them a rank's
+    forkserver (tp_scripts/common/image_data.worker_start) that this process never waits for: without them a rank's
     own work on its core read as 55 % "other work"."""
     times = os.times()
     total = times.user + times.system + times.children_user + times.children_system

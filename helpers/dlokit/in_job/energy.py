@@ -4,12 +4,12 @@ GPU-hours are always known: elapsed time x devices (GPUs, or CPU processes on a 
 GPUs). Energy comes from the counters the run read while it ran:
 
 * on GPUs, NVML's energy counter (summary.json `energy_j`, one counter per `gpu_uuid`: see
-  dlokit.measure.EnergyMeter);
+  dlokit.in_job.measure.EnergyMeter);
 * else the host's RAPL counters (/sys/class/powercap/intel-rapl:*/energy_uj, the CPU packages), where the
   kernel exposes them and lets this user read them (summary.json `host_energy_j`, one counter per host);
 * else none: shown as "n/a".
 
-HostEnergyMeter is the RAPL reader the training script uses (tp_scripts/instrument.py); run_usage and
+HostEnergyMeter is the RAPL reader the training script uses (tp_scripts/common/instrument.py); run_usage and
 jobs_usage read records.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ class HostEnergyMeter:
 
 def process_started_unix() -> float | None:
     """When this process started (Linux: /proc, to the second), before its imports: a run's elapsed time counts
-    from here (the run record's `started_unix` is the later import of dlokit.runrecord, after torch)."""
+    from here (the run record's `started_unix` is the later import of dlokit.in_job.runrecord, after torch)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .. import jobenv
+from ..in_job import jobenv
 from ..jobspec import JobSpec
 from ..profiles import with_overrides
 from ..submit import submit

@@ -18,7 +18,7 @@ scancel or torchrun, SIGINT from Ctrl-C: `cancelled`, exit code 128 + the signal
 is nearly up (--checkpoint-on-signal: SIGUSR1 or SIGUSR2, Slurm's --signal warning: a checkpoint at the next
 step boundary, `checkpointed`, exit code 75 = run me again with --resume).
 
-Timing keeps the CPU/GPU overlap that Day 1 teaches (dlokit.measure.StepClock): on a GPU, an ordinary
+Timing keeps the CPU/GPU overlap that Day 1 teaches (dlokit.in_job.measure.StepClock): on a GPU, an ordinary
 step is timed as a whole with CUDA events and costs no synchronisation; the phase split (data, h2d,
 augment, forward, backward, optimizer, metrics) comes from a few *breakdown* steps that synchronise at
 every phase boundary (`"breakdown": true` on their metrics line). On the CPU every step is split.
@@ -40,24 +40,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlokit.energy import HostEnergyMeter, process_started_unix
-from dlokit.jobenv import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED, EXIT_REQUEUE
-from dlokit.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb
-from dlokit.runrecord import RunRecorder
+from dlokit.in_job.energy import HostEnergyMeter, process_started_unix
+from dlokit.in_job.jobenv import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED, EXIT_REQUEUE
+from dlokit.in_job.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb, tf32_enabled
+from dlokit.in_job.peers import (RankWatch, abort_process_group, acknowledge_stop_note, job_store, leave_now,
+                                  read_stop_note, say_leaving, tell_other_ranks, wait_for_every_rank)
+from dlokit.in_job.runrecord import RunRecorder
 
-from image_data import uses_randaugment
-from train_options import augmentations
+from .image_data import uses_randaugment
+from .train_options import augmentations
 
 TIMING_WARMUP_STEPS = 2  # left out of the averages: first steps pay for allocation, autotuning, compilation
 SPLITS = ("data", "h2d", "augment", "forward", "backward", "optimizer", "metrics")
 POWER_SAMPLE_S = 0.2     # NVML power readings are themselves averages: no need to ask more often
 CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal; USR2 is also submitit's
-WATCH_EVERY_S = 1.0      # how often a rank looks for another rank's stop note in the process group's store
-ACK_WAIT_S = 5.0         # how long a failing rank waits for the others to read its note before it exits
-LEAVE_GRACE_S = 1.0      # then the others give its process that long to end before they exit too
 CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
-FROZEN_S = 15.0          # another rank whose watch thread has not written for this long: its process is frozen
-STALL_S = 90.0           # no rank got a batch further for this long (first step done): the job is stuck
 
 
 class Instrument:
@@ -293,7 +290,7 @@ class Instrument:
                                batch_size=batch_size, **self._early_summary())
             self._restore_signals()
         self.stop_watching()
-        store = _store()  # kept: the process group (and its store handle) is gone once aborted
+        store = job_store()  # kept: the process group (and its store handle) is gone once aborted
         tell_other_ranks(store, {"rank": self.rank, "status": "failed", "oom": True, "leaves": True,
                                  "reason": f"ran out of memory at {where} ({name})"}, wait_for=self.world_size)
         abort_process_group(self.device)
@@ -342,7 +339,7 @@ class Instrument:
         if self._claim_end():
             self.record.log("event", event="stuck", reason=reason, step=self.step, where=self.where)
             self.record.finish(status="failed", error=text, stuck=True, **self._early_summary())
-        tell_other_ranks(_store(), {"rank": self.rank, "status": "failed", "leaves": True,
+        tell_other_ranks(job_store(), {"rank": self.rank, "status": "failed", "leaves": True,
                                     "reason": f"found the job stuck ({reason})"}, wait_for=self.world_size)
         leave_now(EXIT_FAILED)
 
@@ -354,7 +351,7 @@ class Instrument:
             self.record.finish(status="cancelled", signal=name, error=f"cancelled by {name} at step {self.step}",
                                **self._early_summary())
         self.stop_watching(wait=False)
-        tell_other_ranks(_store(), {"rank": self.rank, "status": "cancelled", "reason": f"was cancelled ({name})",
+        tell_other_ranks(job_store(), {"rank": self.rank, "status": "cancelled", "reason": f"was cancelled ({name})",
                                     "exit_code": 128 + signum}, wait_for=0)
 
     def checkpoint_due(self, step: int) -> bool:
@@ -403,237 +400,12 @@ class Instrument:
         self._signals = {}
 
 
-# ---- the other ranks: a note in the process group's store ----------------------------------------------
-# A rank that stops early (out of memory, cancelled) leaves a note in the store every rank of the job shares
-# (torchrun's or rank 0's TCPStore). A thread of every other rank looks for it each WATCH_EVERY_S and ends
-# that rank at once: otherwise it would wait in its next collective (a DDP all-reduce) until the timeout.
-
-def _stop_key() -> str:  # a torchrun restart starts with no note
-    return f"dlokit/stop/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-def _store():
-    if not dist.is_initialized() or dist.get_world_size() < 2:
-        return None
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:
-        return None
-
-
-def wait_for_every_rank(what: str, timeout_s: float) -> None:
-    """Leave only once every rank got here (at most timeout_s): torchrun and srun stop the other ranks as soon as
-    one exits with an error code, and 75 is one, so a rank leaving first would kill rank 0 while it still writes
-    the checkpoint and the records."""
-    store = _store()
-    if store is None:
-        return
-    key = f"{_stop_key()}/{what}"
-    try:
-        store.add(key, 1)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and store.add(key, 0) < dist.get_world_size():
-            time.sleep(0.05)
-    except Exception:  # the store is gone: the rank that held it has left, so every rank got here
-        pass
-
-
-def tell_other_ranks(store, note: dict, *, wait_for: int) -> None:
-    """Leave the note, then wait (at most ACK_WAIT_S) until `wait_for` ranks, this one included, are done with
-    notes: the store may live in this very process (rank 0 without torchrun) and must outlive their reading.
-    Ranks that fail together (every rank out of memory at the same step) count each other as done."""
-    if store is None:
-        return
-    try:
-        store.set(_stop_key(), json.dumps(note))
-        store.add(_stop_key() + "/read", 1)
-        deadline = time.monotonic() + ACK_WAIT_S
-        while wait_for and time.monotonic() < deadline and store.add(_stop_key() + "/read", 0) < wait_for:
-            time.sleep(0.05)
-    except Exception:  # the store is gone (rank 0 already ended): nobody left to tell
-        pass
-
-
-def say_leaving(store) -> None:
-    try:
-        if store is not None:
-            store.set(_stop_key() + "/left", "1")
-    except Exception:
-        pass
-
-
-def read_stop_note() -> dict | None:
-    store = _store()
-    try:
-        if store is None or not store.check([_stop_key()]):
-            return None
-        return json.loads(store.get(_stop_key()))
-    except Exception:
-        return None
-
-
-def acknowledge_stop_note(note: dict) -> None:
-    """Tell the noting rank that this one has read its note; when it says it leaves, let it leave first (up
-    to ACK_WAIT_S): a launcher reports the first rank to exit as the root cause."""
-    store = _store()
-    try:
-        if store is None:
-            return
-        store.add(_stop_key() + "/read", 1)
-        deadline = time.monotonic() + ACK_WAIT_S
-        while note.get("leaves") and time.monotonic() < deadline and not store.check([_stop_key() + "/left"]):
-            time.sleep(0.05)
-        if note.get("leaves"):
-            time.sleep(LEAVE_GRACE_S)
-    except Exception:  # the store is gone with the noting rank: it has left
-        pass
-
-
-class RankWatch:
-    """The thread that keeps an eye on the other ranks through the process group's store, every WATCH_EVERY_S:
-
-    * another rank's stop note (it ran out of memory, was cancelled): this rank records it and leaves;
-    * this rank's heartbeat (a counter) and its main thread's progress (Instrument.tick), for the others;
-    * a rank whose heartbeat has not moved for FROZEN_S is frozen (its process no longer runs Python: a
-      deadlock, a stopped process): named, and every rank leaves instead of waiting in a collective until the
-      backend's timeout (300 s for gloo) and then the job's time limit;
-    * once the first step is done, no rank's main thread getting anywhere for STALL_S (they all wait: one
-      where it cannot reach the collective the others wait in) is a stuck job: named the same way.
-    Counters, not clocks, are compared: two nodes' clocks may disagree by seconds."""
-
-    def __init__(self, ins):
-        self.ins = ins
-        self._quit = threading.Event()
-        self._beat = 0
-        now = time.monotonic()
-        # rank -> [beat, progress, where, when its beat last moved, when its progress last moved] (this clock)
-        self._seen = {rank: [None, None, "its start", now, now] for rank in range(ins.world_size) if rank != ins.rank}
-        self._own = [ins.progress, now]
-        self._thread = threading.Thread(target=self._run, name="dlokit-rank-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._publish(_store())
-        except Exception:
-            pass
-        while not self._quit.wait(WATCH_EVERY_S):
-            store = _store()
-            try:
-                if store is None:
-                    continue
-                if store.check([_stop_key()]):
-                    note = json.loads(store.get(_stop_key()))
-                    if note.get("rank") != self.ins.rank and not self._quit.is_set():
-                        self.ins.stop_for(note, exit_process=True)
-                    return
-                self._publish(store)
-                reason = self._stuck(store)
-            except Exception:
-                return  # the store is gone: the job is ending anyway
-            if reason and not self._quit.is_set():
-                self.ins.stuck(reason)
-                return
-
-    def _publish(self, store) -> None:
-        if store is None:
-            return
-        self._beat += 1
-        store.set(f"{_watch_key()}/{self.ins.rank}", json.dumps(
-            {"beat": self._beat, "progress": self.ins.progress, "where": self.ins.where}))
-
-    def _stuck(self, store) -> str | None:
-        """Why the job cannot go on, or None."""
-        now = time.monotonic()
-        if self.ins.progress != self._own[0]:
-            self._own = [self.ins.progress, now]
-        frozen, idle = [], [now - self._own[1]]
-        for rank, seen in self._seen.items():
-            key = f"{_watch_key()}/{rank}"
-            if store.check([key]):
-                peer = json.loads(store.get(key))
-                if peer["beat"] != seen[0]:
-                    seen[0], seen[3] = peer["beat"], now
-                if peer["progress"] != seen[1]:
-                    seen[1], seen[4] = peer["progress"], now
-                seen[2] = peer["where"]
-            if now - seen[3] > FROZEN_S:
-                frozen.append(f"rank {rank} has not answered for {now - seen[3]:.0f} s (its process is frozen; "
-                              f"its last word: {seen[2]})")
-            idle.append(now - seen[4])
-        if frozen:
-            return "; ".join(frozen)
-        peers = sorted(self._seen)
-        if self.ins.first_step_done and min(idle) > STALL_S:
-            where = "; ".join([f"rank {self.ins.rank} in {self.ins.where}"] +
-                              [f"rank {r} in {self._seen[r][2]}" for r in peers])
-            return f"no rank got any further for {min(idle):.0f} s ({where})"
-        return None
-
-    def stop(self, wait: bool = True) -> None:
-        self._quit.set()
-        if wait and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * WATCH_EVERY_S)
-
-
-def _watch_key() -> str:
-    return f"dlokit/watch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-def leave_now(code: int) -> None:
-    """End the process with `code` once its records are written, skipping the interpreter's teardown:
-    after an aborted process group gloo's threads may still be alive, and tearing Python down under
-    them aborts the process (SIGABRT, "terminate called without an active exception")."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        end_data_workers()
-    finally:
-        os._exit(code)
-
-
-def end_data_workers() -> None:
-    """Kill the DataLoader's worker processes and their forkserver (image_data.worker_start). One left behind keeps
-    the process's stdout, stderr and open sockets (the process group's store): the job would not end while it
-    lives. Other children are left alone: a tracker's service finishes its own records."""
-    import multiprocessing
-
-    import psutil
-
-    doomed = []
-    for child in psutil.Process().children():
-        try:
-            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
-                doomed += [child, *child.children(recursive=True)]
-        except psutil.Error:
-            pass
-    doomed += multiprocessing.active_children()  # workers forked by the rank itself
-    for process in doomed:
-        try:
-            process.kill()
-        except (psutil.Error, OSError, ValueError):  # ended already
-            pass
-
-
-def abort_process_group(device) -> None:
-    """Leave the process group without waiting for the other ranks (NCCL: abort its communicators)."""
-    if not dist.is_initialized():
-        return
-    try:
-        if getattr(device, "type", "cpu") == "cuda":
-            dist.distributed_c10d._abort_process_group()
-        else:
-            dist.destroy_process_group()
-    except Exception:
-        pass
-
-
 # ---- a cancelled job -------------------------------------------------------------------------------------
 
 def install_cancel_handlers(ins) -> dict:
     """SIGTERM and SIGINT finish the record as 'cancelled' and exit with 128 + the signal's number. Returns
     the handlers replaced (restored when the run ends). DataLoader workers (forked: they inherit the
-    handler) end as they would have without it. Main thread only. dlokit.runrecord may have installed a
+    handler) end as they would have without it. Main thread only. dlokit.in_job.runrecord may have installed a
     SIGTERM handler of its own for the same purpose: this one replaces it for the run, and puts it back."""
     owner, replaced = os.getpid(), {}
 
@@ -688,7 +460,7 @@ class CheckpointOnSignal:
 
     def due(self, step: int) -> bool:
         if self.stop_at is None:
-            store = _store()
+            store = job_store()
             if store is None:
                 self.stop_at = step if self.received else None
             else:
@@ -718,9 +490,3 @@ def labels_spans(phase) -> bool:
     from its code, since without a profiler running a span leaves no trace to observe."""
     code = getattr(getattr(phase, "__wrapped__", phase), "__code__", None)
     return code is not None and "record_function" in code.co_names
-
-
-def tf32_enabled() -> bool:
-    if hasattr(torch.backends.cudnn, "conv"):  # torch >= 2.9
-        return torch.backends.cuda.matmul.fp32_precision == "tf32" == torch.backends.cudnn.conv.fp32_precision
-    return torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32

@@ -9,9 +9,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from dlokit.measure import EnergyMeter, peak_gpu_memory_mb, peak_rss_mb
-from mfu import arithmetic, mfu, peak_flops, tf32_enabled
-from model import count_params, flops_per_token
+from dlokit.in_job.measure import EnergyMeter, peak_gpu_memory_mb, peak_rss_mb, tf32_enabled
+
+from .mfu import arithmetic, mfu, peak_flops
+from .model import count_params, flops_per_token
 
 
 class Meter:
@@ -23,7 +24,7 @@ class Meter:
         self.tokens_per_step = args.batch_size * args.seq_len
         self.fpt = flops_per_token(run.config, args.seq_len)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.peak, self.peak_basis = peak_flops(device, arithmetic(args.dtype, tf32_enabled()))
+        self.peak, self.peak_basis = peak_flops(device, arithmetic(args.dtype, tf32_enabled(ops=("matmul",))))
         if run.is_main and self.peak is None:
             print(f"[train_llm] MFU not computed: {self.peak_basis}", flush=True)
         self.energy = EnergyMeter(device)

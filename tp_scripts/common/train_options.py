@@ -259,7 +259,7 @@ def check_large_batch_options(parser, args, world_size: int) -> None:
 
 def check_compile(parser, args, on_gpu: bool) -> None:
     """--compile-mode: a mode torch.compile knows, that this device can run, with a compiler to build it."""
-    from compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
+    from .compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
 
     if args.compile_mode is not None:
         args.compile = True
@@ -308,14 +308,14 @@ def parse_args(argv=None, world_size: int = 1, cuda_available: bool | None = Non
     if args.data == "synthetic" and args.data_format != "folder":
         parser.error(f"--data-format {args.data_format} reads files: --data synthetic has none")
     if args.data != "synthetic" and args.data_format != "folder":
-        from storage_formats import DataSetError, check_converted
+        from .storage_formats import DataSetError, check_converted
 
         try:
             check_converted(args.data, args.data_format, world_size)
         except DataSetError as error:
             refuse(parser, str(error))
     elif args.data != "synthetic":
-        from image_data import DataSetError, check_image_folder
+        from .image_data import DataSetError, check_image_folder
 
         try:
             check_image_folder(args.data)

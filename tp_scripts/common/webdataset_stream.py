@@ -28,7 +28,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-from storage_formats import DataSetError, decode, read_manifest
+from .storage_formats import DataSetError, decode, read_manifest
 
 IMAGE_KEYS = "jpg;jpeg;png;ppm;bmp;pgm;tif;tiff;webp"  # whichever extension the source file had
 SHUFFLE_BUFFER = 1000  # samples each worker mixes before handing one out

@@ -1,0 +1,95 @@
+"""The house a newcomer reads: no import circle in the helpers, no module name twice, the students' files first
+in tp_scripts/, the training loop in short functions with each TODO inside the phase it belongs to."""
+from __future__ import annotations
+
+import ast
+import graphlib
+import re
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "helpers" / "dlokit"
+
+
+def helper_modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported(name: str, path: Path, modules: dict) -> set[str]:
+    """The helper modules `name` imports, anywhere in it (inside functions too), with the packages a dotted import
+    runs on its way (importing a.b.c runs a.b's __init__)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            found |= {".".join(parts[:k]) for k in range(2, len(parts) + 1) if ".".join(parts[:k]) in modules}
+    return {target for target in found if target != name and not name.startswith(target + ".")}
+
+
+def test_the_helpers_import_no_circle():
+    modules = helper_modules()
+    graph = {name: imported(name, path, modules) for name, path in modules.items()}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the circle
+
+
+def test_the_job_layer_imports_no_course_feature():
+    modules = helper_modules()
+    course = ("dlokit.race", "dlokit.analysis", "dlokit.checks", "dlokit.hpo", "dlokit.day", "dlokit.classroom")
+    for name in ("dlokit.jobs", "dlokit.jobspec", "dlokit.submit", "dlokit.in_job.task", "dlokit.queue"):
+        features = {t for t in imported(name, modules[name], modules) if t.startswith(course)}
+        assert not features, f"{name} imports {features}"
+
+
+def test_no_module_name_appears_twice_in_the_helpers():
+    names = Counter(path.stem for path in PACKAGE.rglob("*.py") if path.name != "__init__.py")
+    assert [name for name, count in names.items() if count > 1] == []
+
+
+def test_tp_scripts_shows_the_students_files_and_one_common_package():
+    for folder in (REPO / "tp_scripts", REPO / "tp_scripts" / "llm"):
+        students = {p.name for p in (folder / "solutions").glob("*.py")}
+        files = {p.name for p in folder.glob("*.py")}
+        assert students <= files and len(files - students) <= 3, f"{folder}: {sorted(files - students)}"
+        assert (folder / "common" / "__init__.py").is_file()
+        for script in [*folder.glob("*.py"), *(folder / "solutions").glob("*.py"), *(folder / "common").glob("*.py")]:
+            code = re.sub(r'""".*?"""', "", script.read_text(), flags=re.S)
+            assert "sys.path.insert" not in code and "sys.path.append" not in code, f"{script} edits sys.path"
+
+
+def test_the_classifier_loop_is_short_and_each_todo_sits_in_its_phase():
+    tree = ast.parse((REPO / "tp_scripts" / "solutions" / "train_classifier.py").read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    for name in ("train", "train_epoch", "train_step"):
+        assert functions[name].end_lineno - functions[name].lineno + 1 <= 80, name
+    student = (REPO / "tp_scripts" / "train_classifier.py").read_text().splitlines()
+    step = next(node for node in ast.parse("\n".join(student)).body
+                if isinstance(node, ast.FunctionDef) and node.name == "train_step")
+    phases = {}  # phase name -> the lines of its `with phase(ins, name):` block
+    for node in ast.walk(step):
+        if isinstance(node, ast.With):
+            call = node.items[0].context_expr
+            if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "phase":
+                phases[call.args[1].value] = range(node.lineno, node.end_lineno + 1)
+    expected = {"TP1.1": "h2d", "TP2.4": "augment", "TP1.3": "forward"}
+    for number, line in enumerate(student[step.lineno - 1:step.end_lineno], start=step.lineno):
+        todo = re.search(r"# TODO (TP\d\.\d)", line)
+        if todo and todo[1] in expected:
+            assert number in phases[expected[todo[1]]], f"{todo[1]}'s TODO is not inside phase {expected[todo[1]]!r}"
+    todos = {t for t in re.findall(r"# TODO (TP\d\.\d)", "\n".join(student[step.lineno - 1:step.end_lineno]))}
+    assert set(expected) <= todos
