@@ -41,10 +41,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlokit.in_job.energy import HostEnergyMeter, process_started_unix
-from dlokit.in_job.jobenv import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED, EXIT_REQUEUE
+from dlokit.in_job.jobenv import EXIT_REQUEUE
 from dlokit.in_job.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb, tf32_enabled
-from dlokit.in_job.peers import (RankWatch, abort_process_group, acknowledge_stop_note, job_store, leave_now,
-                                  read_stop_note, say_leaving, tell_other_ranks, wait_for_every_rank)
+from dlokit.in_job.peers import Peers, abort_process_group, job_store, wait_for_every_rank
 from dlokit.in_job.runrecord import RunRecorder
 
 from .image_data import uses_randaugment
@@ -57,9 +56,12 @@ CHECKPOINT_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal; USR2 
 CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank waits for the others to be done too
 
 
-class Instrument:
+class Instrument(Peers):
+    """The classifier's timings, memory, energy and run record; as a Peers, how its rank ends early."""
+
     def __init__(self, config: dict, *, rank: int, world_size: int, run_id: str, runs_dir, device,
                  start_step: int, total_steps: int, breakdown_every: int, print_every: int, say=print):
+        super().__init__(rank, world_size, device, script="train_classifier.py")
         self.record = RunRecorder(config, rank=rank, world_size=world_size, run_id=run_id, runs_dir=runs_dir,
                                   script="train_classifier.py", device=device)
         self.folder = self.record.folder.parent  # <runs_dir>/<run_id>: checkpoint and profiler traces go here
@@ -74,17 +76,11 @@ class Instrument:
         self.first_load = None
         self.last_metrics: dict = {}
         self._last_power = None
-        self.rank, self.world_size = rank, world_size
         self.step, self.steps_done = start_step, start_step  # the step under way, the last one ended
-        # one way out only: finished, out of memory, cancelled, stopped by another rank (reentrant: a signal
-        # handler runs in the main thread, maybe while it holds the lock)
-        self._ending = threading.RLock()
-        self._ended = False
-        self.progress, self.where, self.first_step_done = 0, "setting up", False  # what the watch thread publishes
-        self._watch, self._signals = None, {}
+        self._signals = {}
         # a rank stopped from outside (SIGABRT from the kit's launcher when it is stuck) prints where every thread was
         faulthandler.enable(file=sys.stderr, all_threads=True)
-        self._watch = RankWatch(self) if dist.is_initialized() and world_size > 1 else None
+        self.start_watching()
         self._signals = install_cancel_handlers(self)
         self.on_signal = (CheckpointOnSignal(self, margin=1 + int(config.get("metric_step") or 1))
                           if config.get("checkpoint_on_signal") else None)
@@ -96,12 +92,6 @@ class Instrument:
         self.step = step
         self.tick(f"step {step}")
         self.clock.start(step)
-
-    def tick(self, where: str) -> None:
-        """The main thread got somewhere (a step, a validation batch, a collective): the other ranks' watch
-        threads see it, so that a rank stuck where it cannot reach the next collective is named, not waited for."""
-        self.progress += 1
-        self.where = where
 
     def split(self, name: str) -> None:
         self.clock.split(name)
@@ -289,59 +279,33 @@ class Instrument:
             self.record.finish(status="failed", error=text, oom=True, failed_step=self.step,
                                batch_size=batch_size, **self._early_summary())
             self._restore_signals()
-        self.stop_watching()
-        store = job_store()  # kept: the process group (and its store handle) is gone once aborted
-        tell_other_ranks(store, {"rank": self.rank, "status": "failed", "oom": True, "leaves": True,
-                                 "reason": f"ran out of memory at {where} ({name})"}, wait_for=self.world_size)
-        abort_process_group(self.device)
-        say_leaving(store)  # the others exit after this rank: the launcher names it as the first failure
-        return EXIT_OUT_OF_MEMORY
+        return self.failed(f"ran out of memory at {where} ({name})", oom=True)
 
     def stopped_by_other_rank(self, error: BaseException) -> int:
         """A collective of this rank failed: when another rank left a stop note (it ran out of memory, or
         was cancelled), record that cause rather than the broken connection, and return the exit code;
         otherwise re-raise `error` (the usual failed summary and traceback follow)."""
-        note = read_stop_note()
-        if note is None or note.get("rank") == self.rank:
+        code = self.peer_stop_code()
+        if code is None:
             raise error
-        return self.stop_for(note, exit_process=False)
-
-    def stop_for(self, note: dict, *, exit_process: bool) -> int:
-        """Another rank stopped early (its note): finish this rank's record with that cause. exit_process: called
-        by the watching thread while the main thread may wait forever in a collective: exit the process."""
-        status = note.get("status", "failed")
-        code = note.get("exit_code", EXIT_PEER_FAILED)
-        reason = f"rank {note.get('rank')} {note.get('reason', 'stopped')}; rank {self.rank} stopped at step {self.step}"
-        if not self._claim_end():
-            if exit_process:
-                return code  # the main thread is already ending this rank its own way
-        else:
-            print(f"train_classifier.py: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
-            self.record.log("event", event="stopped", by_rank=note.get("rank"), reason=reason)
-            self.record.finish(status=status, error=reason, stopped_by_rank=note.get("rank"),
-                               oom=bool(note.get("oom")), **self._early_summary())
-            acknowledge_stop_note(note)
-        if exit_process:
-            leave_now(code)
-        self._restore_signals()
-        self.stop_watching(wait=False)
-        abort_process_group(self.device)
         return code
 
-    def stuck(self, reason: str) -> None:
-        """Called by the watch thread: the job cannot go on (a rank frozen, or no rank getting anywhere while
-        they wait for each other). Records the cause, tells the other ranks, and ends this process."""
-        text = f"the job is stuck: {reason}"
-        print(f"train_classifier.py: rank {self.rank}: where its threads were when it found the job stuck:",
-              file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        print(f"train_classifier.py: rank {self.rank}: {text}", file=sys.stderr, flush=True)
-        if self._claim_end():
-            self.record.log("event", event="stuck", reason=reason, step=self.step, where=self.where)
-            self.record.finish(status="failed", error=text, stuck=True, **self._early_summary())
-        tell_other_ranks(job_store(), {"rank": self.rank, "status": "failed", "leaves": True,
-                                    "reason": f"found the job stuck ({reason})"}, wait_for=self.world_size)
-        leave_now(EXIT_FAILED)
+    def stop_for(self, note: dict, *, exit_process: bool) -> int:
+        code = super().stop_for(note, exit_process=exit_process)
+        self._restore_signals()
+        return code
+
+    def stopped_at(self) -> int:
+        return self.step
+
+    def record_stopped(self, note: dict, reason: str) -> None:
+        self.record.log("event", event="stopped", by_rank=note.get("rank"), reason=reason)
+        self.record.finish(status=note.get("status", "failed"), error=reason, stopped_by_rank=note.get("rank"),
+                           oom=bool(note.get("oom")), **self._early_summary())
+
+    def record_stuck(self, reason: str, text: str) -> None:
+        self.record.log("event", event="stuck", reason=reason, step=self.step, where=self.where)
+        self.record.finish(status="failed", error=text, stuck=True, **self._early_summary())
 
     def cancel(self, signum: int) -> None:
         """SIGTERM or SIGINT (a cancelled job, Ctrl-C): record status 'cancelled', tell the other ranks."""
@@ -350,9 +314,7 @@ class Instrument:
             self.record.log("event", event="cancelled", signal=name, step=self.step)
             self.record.finish(status="cancelled", signal=name, error=f"cancelled by {name} at step {self.step}",
                                **self._early_summary())
-        self.stop_watching(wait=False)
-        tell_other_ranks(job_store(), {"rank": self.rank, "status": "cancelled", "reason": f"was cancelled ({name})",
-                                    "exit_code": 128 + signum}, wait_for=0)
+        self.cancelled(signum)
 
     def checkpoint_due(self, step: int) -> bool:
         """--checkpoint-on-signal: a SIGUSR1/SIGUSR2 came (the job's time is nearly up) and every rank has agreed
@@ -374,22 +336,11 @@ class Instrument:
         abort_process_group(self.device)
         return EXIT_REQUEUE
 
-    def _claim_end(self) -> bool:
-        """True for the first way out only (the record is finished once)."""
-        with self._ending:
-            ended, self._ended = self._ended, True
-            return not ended
-
     def _early_summary(self) -> dict:
         return {"steps": self.steps_done, "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device),
                 "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(), **self.host_energy.summary(),
                 "process_started_unix": process_started_unix(),
                 "train_loss": self.last_metrics.get("loss"), "observed": self.observed}
-
-    def stop_watching(self, wait: bool = True) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.stop(wait)
 
     def _restore_signals(self) -> None:
         for signum, previous in self._signals.items():

@@ -266,32 +266,45 @@ def abort_process_group(device) -> None:
         pass
 
 
-class Peers:
-    """This rank among the others, for a script that keeps its own run record (train_llm.py; the classifier's
-    Instrument plays this part itself): it watches the others (RankWatch), stops this rank when one of them
-    stopped, and tells them when this rank fails.
 
-        peers = Peers(rank, world_size, device, record=lambda status, reason: recorder.finish(...))
-        ... peers.step_done(step) after each step ...
-        except Exception: leave_now(peers.failed("ran out of memory: ...", oom=True))
-        peers.stop()   # the normal end, before the final barrier
+class Peers:
+    """This rank among the others: what RankWatch watches and how this rank ends early. train_llm.py uses it
+    as it is, with a `record(status, reason)` that finishes its run record; the classifier's Instrument is one
+    (it records more: the steps done, memory, energy).
+
+        peers = Peers(rank, world_size, device, record=..., script="train_llm.py").start_watching()
+        peers.tick("step 3")                      # the main thread got somewhere: the others see it
+        leave_now(peers.failed("ran out of memory: ...", oom=True))   # this rank failed, its record written
+        code = peers.peer_stop_code()             # this rank's collective failed: did another rank stop first?
+        peers.stop_watching()                     # the normal end, before the final barrier
     """
 
-    def __init__(self, rank: int, world_size: int, device, record, script: str = "train"):
+    def __init__(self, rank: int, world_size: int, device, *, record=None, script: str = "train"):
         self.rank, self.world_size, self.device, self.script = rank, world_size, device, script
-        self.record = record  # record(status, reason): finishes this rank's run record with that cause
-        self.progress, self.where, self.first_step_done = 0, "its start", False
-        self._ending = threading.Lock()
+        self.record_stop = record  # record(status, reason): finishes this rank's run record with that cause
+        self.progress, self.where, self.first_step_done = 0, "setting up", False  # what the watch thread publishes
+        # one way out only (reentrant: a signal handler runs in the main thread, maybe while it holds the lock)
+        self._ending = threading.RLock()
         self._ended = False
-        self._watch = RankWatch(self) if dist.is_initialized() and world_size > 1 else None
+        self._watch = None
 
-    def step_done(self, step: int) -> None:
-        self.progress, self.where, self.first_step_done = step, f"after step {step}", True
+    def start_watching(self) -> "Peers":
+        if dist.is_initialized() and self.world_size > 1:
+            self._watch = RankWatch(self)
+        return self
 
-    def stop(self) -> None:
+    def stop_watching(self, wait: bool = True) -> None:
         watch, self._watch = self._watch, None
         if watch is not None:
-            watch.stop()
+            watch.stop(wait)
+
+    def tick(self, where: str) -> None:
+        """The main thread got somewhere (a step, a validation batch, a collective): the other ranks' watch
+        threads see it, so that a rank stuck where it cannot reach the next collective is named, not waited for."""
+        self.progress += 1
+        self.where = where
+
+    # ---- how this rank ends early; the records are the subclass's (or `record`'s) ----------------------
 
     def failed(self, reason: str, *, oom: bool = False) -> int:
         """This rank failed (its record is written): tell the others, leave the process group, and return the
@@ -299,7 +312,7 @@ class Peers:
         from .jobenv import EXIT_FAILED, EXIT_OUT_OF_MEMORY
 
         self._claim_end()
-        self.stop()
+        self.stop_watching()
         store = job_store()  # kept: the process group (and its store handle) is gone once aborted
         tell_other_ranks(store, {"rank": self.rank, "status": "failed", "oom": oom, "leaves": True,
                                  "reason": reason}, wait_for=self.world_size)
@@ -307,44 +320,73 @@ class Peers:
         say_leaving(store)  # the others exit after this rank: the launcher names it as the first failure
         return EXIT_OUT_OF_MEMORY if oom else EXIT_FAILED
 
-    def stopped_by_other_rank(self) -> int | None:
-        """This rank's collective failed: the exit code when another rank left a note (its cause recorded here),
-        else None (this rank's own failure)."""
+    def cancelled(self, signum: int) -> None:
+        """This rank was cancelled (its record is written): tell the others, who exit with the same code."""
+        import signal
+
+        self.stop_watching(wait=False)
+        tell_other_ranks(job_store(), {"rank": self.rank, "status": "cancelled", "exit_code": 128 + signum,
+                                       "reason": f"was cancelled ({signal.Signals(signum).name})"}, wait_for=0)
+
+    def peer_stop_code(self) -> int | None:
+        """This rank's collective failed: when another rank left a stop note, its cause recorded here and the exit
+        code; None when no other rank stopped first (the failure is this rank's own)."""
         note = read_stop_note()
         if note is None or note.get("rank") == self.rank:
             return None
         return self.stop_for(note, exit_process=False)
 
     def stop_for(self, note: dict, *, exit_process: bool) -> int:
+        """Another rank stopped early (its note): finish this rank's record with that cause. exit_process: called
+        by the watching thread while the main thread may wait forever in a collective: exit the process."""
         from .jobenv import EXIT_PEER_FAILED
 
         code = note.get("exit_code", EXIT_PEER_FAILED)
-        where = f" at step {self.progress}" if self.first_step_done else ""
+        step = self.stopped_at()
+        where = f" at step {step}" if step is not None else ""
         reason = f"rank {note.get('rank')} {note.get('reason', 'stopped')}; rank {self.rank} stopped{where}"
         if self._claim_end():
             print(f"{self.script}: rank {self.rank}: {reason}", file=sys.stderr, flush=True)
-            self.record("aborted", f"stopped because {reason}")
+            self.record_stopped(note, reason)
             acknowledge_stop_note(note)
         elif exit_process:
             return code  # the main thread is already ending this rank its own way
         if exit_process:
             leave_now(code)
-        self.stop()
+        self.stop_watching(wait=False)
         abort_process_group(self.device)
         return code
 
     def stuck(self, reason: str) -> None:
+        """Called by the watch thread: the job cannot go on (a rank frozen, or no rank getting anywhere while
+        they wait for each other). Records the cause, tells the other ranks, and ends this process."""
+        import faulthandler
+
         from .jobenv import EXIT_FAILED
 
         text = f"the job is stuck: {reason}"
+        print(f"{self.script}: rank {self.rank}: where its threads were when it found the job stuck:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         print(f"{self.script}: rank {self.rank}: {text}", file=sys.stderr, flush=True)
         if self._claim_end():
-            self.record("failed", text)
+            self.record_stuck(reason, text)
         tell_other_ranks(job_store(), {"rank": self.rank, "status": "failed", "leaves": True,
                                        "reason": f"found the job stuck ({reason})"}, wait_for=self.world_size)
         leave_now(EXIT_FAILED)
 
+    def stopped_at(self) -> int | None:
+        """The step this rank stopped at, for the cause (None: unknown)."""
+        return None
+
+    def record_stopped(self, note: dict, reason: str) -> None:
+        self.record_stop("aborted", f"stopped because {reason}")
+
+    def record_stuck(self, reason: str, text: str) -> None:
+        self.record_stop("failed", text)
+
     def _claim_end(self) -> bool:
+        """True for the first way out only (the record is finished once)."""
         with self._ending:
             ended, self._ended = self._ended, True
             return not ended

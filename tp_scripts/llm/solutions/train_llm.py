@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     def record_stop(status, reason):  # another rank stopped (or the job is stuck): this rank's record says why
         recorder.finish(status=status, error=reason)
 
-    peers = Peers(env.rank, env.world_size, device, record_stop, script="train_llm.py")
+    peers = Peers(env.rank, env.world_size, device, record=record_stop, script="train_llm.py").start_watching()
     try:
         status = train(args, config, dims, env, device, recorder)
         if dist.is_initialized():
@@ -77,13 +77,13 @@ def main(argv=None) -> int:
     except Exception as error:
         if is_out_of_memory(error):
             out_of_memory(error, args, env, device, recorder, peers)
-        code = peers.stopped_by_other_rank()  # this rank's collective may have failed because another one stopped
+        code = peers.peer_stop_code()  # this rank's collective may have failed because another one stopped
         if code is not None:
             leave_now(code)
         traceback.print_exc()
         recorder.finish(status="failed", error=f"{type(error).__name__}: {error}")
         leave_now(peers.failed(f"failed: {type(error).__name__}: {error}"))
-    peers.stop()
+    peers.stop_watching()
     if dist.is_initialized():
         dist.barrier()  # every watcher has stopped before any rank leaves (rank 0 may host the store)
     dlorank.destroy_process_group()
