@@ -19,3 +19,10 @@ def test_day4_commands_name_the_script_its_sizes_and_the_mode(workspace):
     student = dlokit.setup_llm_day("ann", "local", str(REPO / "tp_scripts"), verbose=False)
     assert student.script == REPO / "tp_scripts" / "llm" / "train_llm.py"
     assert shlex.split(student.command(None, script="check_cp.py")) == [str(REPO / "tp_scripts" / "llm" / "check_cp.py")]
+
+
+def test_a_script_a_tp_runs_is_found_beside_the_students_scripts_or_one_folder_up(workspace):
+    for scripts in (REPO / "tp_scripts" / "solutions", REPO / "tp_scripts"):
+        day = dlokit.setup_day("ann", "local", str(scripts), data="synthetic", verbose=False)
+        argv = shlex.split(day.command("--data", "/d", "--workers", "0,1", script="read_bench.py"))
+        assert argv == [str(REPO / "tp_scripts" / "read_bench.py"), "--data", "/d", "--workers", "0,1"]

@@ -52,13 +52,22 @@ class Day:
         return self.script.resolve().parent.name == "solutions"
 
     def command(self, *options, batch_size: int | None = None, steps: int | None = None,
-                epochs: int | None = None) -> str:
+                epochs: int | None = None, script: str | None = None) -> str:
         """The command line of one job of the training script with the TP's options: a timed `--test`
-        run of `steps` steps, or, with `epochs`, a real training with validation after each epoch."""
+        run of `steps` steps, or, with `epochs`, a real training with validation after each epoch.
+        `script`: another script a TP runs (read_bench.py), with `options` only."""
+        if script is not None:
+            return shlex.join([str(self.beside(script)), *map(str, options)])
         length = ["--epochs", str(epochs)] if epochs else ["--test", "--test-nsteps", str(steps or self.steps)]
         argv = [str(self.script), "--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
                 "--batch-size", str(batch_size or self.batch_size), *length, "--print-every", "1", *map(str, options)]
         return shlex.join(argv)
+
+    def beside(self, script: str) -> Path:
+        """A script a TP runs but no student edits: beside the student's scripts, one folder up from the
+        reference's (tp_scripts/solutions/../)."""
+        folder = self.script.parent
+        return folder / script if (folder / script).exists() else folder.parent / script
 
     def submit(self, commands, n_gpu=1, wait: bool = True, tp: str | None = None, **options) -> list[str]:
         """Submit (one job per command x GPU count), show the live queue until they end, return the ids.
@@ -179,7 +188,7 @@ class LlmDay(Day):
         script of tp_scripts/llm (a checker, compress_bench.py) with `options` only."""
         folder = self.script.parent
         mode_options = LLM_MODE_OPTIONS.get(mode, ["--mode", mode]) if mode else []
-        argv = [str(folder / script if (folder / script).exists() else folder.parent / script), *mode_options]
+        argv = [str(self.beside(script)), *mode_options]
         if script == "train_llm.py":
             argv += ["--config", config or self.config, "--seq-len", self.seq_len, "--batch-size", self.batch_size,
                      "--steps", steps or self.steps]
