@@ -7,6 +7,7 @@ import pytest
 
 import dlokit
 from dlokit import JobSpecError, ProfileError
+from dlokit.submit import submit
 
 HELLO = str(Path(__file__).parent / "job_scripts" / "allreduce.py")
 
@@ -168,7 +169,7 @@ def test_local_memory_limit_is_the_jobs_share(workspace):
 def test_options_the_local_backend_ignores_are_named_once_in_one_line(workspace, capsys):
     dlokit.use_profile("local")
     spec = dlokit.JobSpec(script=HELLO, name="ignored", account="abc@a100", qos="qos_gpu-t3", partition="gpu_p2")
-    [card] = dlokit.submit(spec, ignored=["n_cpu"])
+    [card] = submit(spec, ignored=["n_cpu"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == ["note: ignored on profile 'local': account (Slurm only), partition (Slurm only), "
                      "qos (Slurm only), n_cpu (unknown)"]

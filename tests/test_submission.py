@@ -11,6 +11,7 @@ import pytest
 
 import dlokit
 from dlokit import jobs
+from dlokit.submit import submit
 from dlokit.in_job.runrecord import read_rank
 
 JOBS = Path(__file__).parent / "job_scripts"
@@ -128,7 +129,7 @@ def test_arguments_with_shell_metacharacters_stay_plain_text(backend, workspace)
     marker = workspace / "INJECTED"
     args = [a.format(marker=marker) for a in INJECTIONS]
     typed = dlokit.JobSpec(script=script("allreduce.py"), args=tuple(args), name="inject", time_max="00:02:00")
-    [card] = dlokit.submit(typed)
+    [card] = submit(typed)
     [from_string] = dlokit.gpu_jobs_submitter(shlex.join([script("allreduce.py"), *args]), name="inject",
                                               time_max="00:02:00")
     for job_id in (card.job_id, from_string):

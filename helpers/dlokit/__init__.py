@@ -8,21 +8,20 @@
 """
 import importlib
 
-from .jobs import JobCard, Outcome, SchedulerError, cancel, job_outcome, search_log, show_script, wait
-from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
-from .profiles import Profile, ProfileError, current_profile, get_profile, use_profile
-from .submit import gpu_jobs_submitter, submit
-from .day import Day, LlmDay, setup_day, setup_llm_day
-
 __version__ = "0.1.0"
-# Loaded on first use: the local launcher and every job's task import dlokit's small modules before a job
-# starts, and should not pay for pandas (the queue's table) on each job.
-_LAZY = {"display_slurm_queue": "queue", "job_table": "queue"}
-__all__ = [
-    "Day", "LlmDay", "setup_day", "setup_llm_day", "JobCard", "JobSpec", "JobSpecError", "Outcome", "Profile", "SchedulerError", "ProfileError", "cancel", "current_profile",
-    "display_slurm_queue", "get_profile", "gpu_jobs_submitter", "job_outcome", "job_table", "plan",
-    "sbatch_preview", "search_log", "show_script", "submit", "use_profile", "wait",
-]
+
+# Every public name is imported on first use: a job's task and its script import dlokit.in_job, which runs this
+# file first, and should not pay for the submission side (submitit, the job cards) or pandas on each job.
+_LAZY = {
+    **dict.fromkeys(["JobCard", "Outcome", "SchedulerError", "cancel", "job_outcome", "search_log", "show_script",
+                     "wait"], "jobs"),
+    **dict.fromkeys(["JobSpec", "JobSpecError", "plan", "sbatch_preview"], "jobspec"),
+    **dict.fromkeys(["Profile", "ProfileError", "current_profile", "get_profile", "use_profile"], "profiles"),
+    "gpu_jobs_submitter": "submit",
+    **dict.fromkeys(["Day", "LlmDay", "setup_day", "setup_llm_day"], "day"),
+    **dict.fromkeys(["display_slurm_queue", "job_table"], "queue"),
+}
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
@@ -34,3 +33,7 @@ def __getattr__(name: str):
     if name == "hpo":
         return importlib.import_module(".hpo", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})
