@@ -140,6 +140,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster_2n" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("slurm-2n"))
+        elif getattr(item.module, "__name__", "") in SHARED_LAUNCHES and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+# Modules whose tests share launches through a module fixture (the same runs read by several tests): one worker
+# runs all of a module's tests, so that each launch happens once, not once per worker.
+SHARED_LAUNCHES = {"test_day4_parallel", "test_day4_memory", "test_day4_pipeline", "test_day4_compress",
+                   "test_day4_tp_cp", "test_checks"}
 
 
 OPENED = Path("/tmp/dlokit-tests-searchable.json")  # what every test process opened, and how many still need it

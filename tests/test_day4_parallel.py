@@ -4,8 +4,8 @@ its steps did.
 
 Compared per step, for 6 AdamW steps on the text corpus (the loss falls, so a wrong gradient shows):
 the loss and the global gradient norm (which sums every parameter's gradient once, wherever its shards
-live). Launches are shared between tests (`runs`): torchrun start-up is ~3 s. The script run is the
-reference solution (tp_scripts/llm/solutions/train_llm.py).
+live). Launches are shared between tests (`runs`): a launch starts its ranks directly (tests/ranks.py), each
+imports torch (~2 s of a core). The script run is the reference solution (tp_scripts/llm/solutions/train_llm.py).
 """
 import json
 import math
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import run_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tp_scripts" / "llm" / "solutions" / "train_llm.py"
@@ -55,12 +56,12 @@ def clean_env(run_id, extra=None):
 
 
 def launch(tmp_path, run_id, args, nproc=1, check=True, env=None, oom_at=None):
-    if nproc == 1:  # oom_at "RANK:STEP": through tests/job_scripts/inject.py
-        command = [sys.executable, *([str(INJECT), "oom", oom_at] if oom_at else []), str(SCRIPT)]
+    command = [sys.executable, *([str(INJECT), "oom", oom_at] if oom_at else []), str(SCRIPT),
+               *args, "--runs-dir", str(tmp_path / "runs")]  # oom_at "RANK:STEP": through tests/job_scripts/inject.py
+    if nproc == 1:
+        result = subprocess.run(command, env=clean_env(run_id, env), capture_output=True, text=True, timeout=240)
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(SCRIPT)]
-    result = subprocess.run(command + args + ["--runs-dir", str(tmp_path / "runs")], env=clean_env(run_id, env),
-                            capture_output=True, text=True, timeout=240)
+        result = run_ranks(command, nproc, clean_env(run_id, env), timeout=240)
     if check and result.returncode != 0:
         raise AssertionError(f"{run_id} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result

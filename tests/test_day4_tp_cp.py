@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlokit.material.build import student_copy
+from ranks import run_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LLM = ROOT / "tp_scripts" / "llm"
@@ -24,10 +25,9 @@ def clean_env(run_id, **extra):
     return env
 
 
-def torchrun(script, run_id, runs_dir, *options, nproc=2):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
-               *options, "--runs-dir", str(runs_dir)]
-    result = subprocess.run(command, env=clean_env(run_id), capture_output=True, text=True, timeout=300)
+def ranks(script, run_id, runs_dir, *options, nproc=2):
+    command = [sys.executable, str(script), *options, "--runs-dir", str(runs_dir)]
+    result = run_ranks(command, nproc, clean_env(run_id), timeout=300)
     assert result.returncode == 0, f"{run_id} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
 
@@ -47,7 +47,7 @@ def student(tmp_path_factory):
 # ---- tensor parallel (TP4.4) ----
 
 def test_tp_from_scratch_matches_the_single_layer_with_one_all_reduce_each_way(tmp_path):
-    torchrun(LLM / "check_tp.py", "tp-solution", tmp_path, "--solution")
+    ranks(LLM / "check_tp.py", "tp-solution", tmp_path, "--solution")
     for rank in (0, 1):
         s = summary(tmp_path, "tp-solution", rank)
         assert s["all_ok"] is True and s["module_file"] == "solutions/parallel_tp_scratch.py"
@@ -62,7 +62,7 @@ def test_tp_from_scratch_matches_the_single_layer_with_one_all_reduce_each_way(t
 
 
 def test_untouched_student_tp_copy_misses_the_all_reduces(student, tmp_path):
-    torchrun(student / "check_tp.py", "tp-student", tmp_path)
+    ranks(student / "check_tp.py", "tp-student", tmp_path)
     s = summary(tmp_path, "tp-student")
     assert s["module_file"] == "parallel_tp_scratch.py" and s["all_ok"] is False
     scratch = s["tp_checks"]["scratch"]
@@ -74,7 +74,7 @@ def test_untouched_student_tp_copy_misses_the_all_reduces(student, tmp_path):
 # ---- context parallel (TP4.5) ----
 
 def test_ring_attention_matches_full_causal_attention(tmp_path):
-    torchrun(LLM / "check_cp.py", "cp-solution", tmp_path, "--solution")
+    ranks(LLM / "check_cp.py", "cp-solution", tmp_path, "--solution")
     for rank in (0, 1):
         s = summary(tmp_path, "cp-solution", rank)
         assert s["all_ok"] is True and s["module_file"] == "solutions/parallel_cp.py"
@@ -84,7 +84,7 @@ def test_ring_attention_matches_full_causal_attention(tmp_path):
 
 
 def test_untouched_student_ring_attention_does_not_match(student, tmp_path):
-    torchrun(student / "check_cp.py", "cp-student", tmp_path)
+    ranks(student / "check_cp.py", "cp-student", tmp_path)
     s = summary(tmp_path, "cp-student")
     assert s["module_file"] == "parallel_cp.py"
     assert s["cp_checks"]["ring"]["matches"] is False and s["cp_checks"]["ring"]["max_abs_diff_output"] > 1e-2
@@ -99,7 +99,7 @@ def test_context_parallel_training_runs_on_cpu_and_matches_one_process(tmp_path)
     single = subprocess.run([sys.executable, str(script), *common, "--runs-dir", str(tmp_path)],
                             env=clean_env("single"), capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    torchrun(script, "cp", tmp_path, *common, "--mode", "cp")  # --cp-attention auto: the ring, on the CPU
+    ranks(script, "cp", tmp_path, *common, "--mode", "cp")  # --cp-attention auto: the ring, on the CPU
     s = summary(tmp_path, "cp")
     assert s["status"] == "completed" and s["cp_attention"] == "ring", s
     lines = {run: [json.loads(line) for line in (tmp_path / run / "rank0" / "metrics.jsonl").open()]

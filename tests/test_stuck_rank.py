@@ -72,16 +72,17 @@ def test_ranks_that_all_wait_are_a_stuck_job_named_by_where_each_one_is(workspac
 @pytest.mark.slow
 def test_day2_curve_configuration_never_hangs(workspace, data):
     """Day 2's curve training (2 ranks, 3 epochs, the tuned loader: workers, pinning, prefetching, persistent
-    workers; validation after each epoch) hung once at the end of its first epoch. Repeated here: every run
+    workers; validation after each epoch) hung once at the end of its first epoch (a forked DataLoader worker
+    deadlocked, CPython gh-112275: image_data.worker_start now uses a forkserver). Twice here: every run
     completes, and none comes near the watch's limits (a hang would now end it, named, within seconds)."""
     dlokit.use_profile("local")
     options = ["--num-workers", "2", "--pin-memory", "--non-blocking", "--prefetch-factor", "4", "--persistent-workers"]
     command = [str(REPO / "tp_scripts" / "solutions" / "train_classifier.py"), "--data", str(data), "--model",
                "mobilenet_v3_small", "--image-size", "32", "--batch-size", "4", "--epochs", "3", *options]
-    jobs = dlokit.gpu_jobs_submitter([" ".join(command)] * 4, n_gpu=2, name="curves", time_max="00:05:00",
+    jobs = dlokit.gpu_jobs_submitter([" ".join(command)] * 2, n_gpu=2, name="curves", time_max="00:05:00",
                                      verbose=False)
     outcomes = dlokit.wait(jobs, poll_s=0.5, timeout_s=400)
-    assert [o.state for o in outcomes] == ["COMPLETED"] * 4, [str(o) for o in outcomes]
+    assert [o.state for o in outcomes] == ["COMPLETED"] * 2, [str(o) for o in outcomes]
     for job in jobs:
         run = load_run(job)
         assert run.state == "completed" and len(run.lines("val")) == 3, run.describe_state()
