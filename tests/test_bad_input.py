@@ -7,7 +7,7 @@ import pytest
 
 import dlokit
 from dlokit import JobSpecError, ProfileError
-from dlokit.submit import submit
+from dlokit.submission.submit import submit
 
 HELLO = str(Path(__file__).parent / "job_scripts" / "allreduce.py")
 
@@ -65,7 +65,7 @@ def test_malformed_time_limits(slurm4, workspace, time_max):
 
 @pytest.mark.parametrize("time_max,seconds", [("00:30:00", 1800), ("1-00:00:00", 86400), (20, 1200), ("2:05:09", 7509)])
 def test_good_time_limits(time_max, seconds):
-    assert dlokit.jobspec.parse_time(time_max) == seconds
+    assert dlokit.submission.jobspec.parse_time(time_max) == seconds
 
 
 def test_unknown_profile_lists_the_known_ones():
@@ -158,7 +158,7 @@ def test_memory_of_the_profile_reaches_the_batch_script(workspace, setting, line
 
 
 def test_local_memory_limit_is_the_jobs_share(workspace):
-    from dlokit.submit import _local_memory
+    from dlokit.submission.submit import _local_memory
 
     layout = dlokit.plan(dlokit.JobSpec(script=HELLO, n_gpu=1), dlokit.use_profile("local"))
     assert _local_memory(dlokit.use_profile("local"), layout) == "auto"
@@ -185,7 +185,7 @@ def test_unknown_and_ignored_options_of_a_cell_share_one_line(workspace, capsys)
 
 
 def _partitions(max_time_s=86400, nodes=1, gpus=4, cpus=2, mem_mb=16000):
-    from dlokit.jobspec import Node, Partition
+    from dlokit.submission.jobspec import Node, Partition
 
     members = tuple(Node(f"n{k}", cpus, gpus, mem_mb, f"gpu:{gpus}") for k in range(nodes))
     return {"gpu": Partition("gpu", True, max_time_s, None, None, members)}
@@ -202,7 +202,7 @@ def _partitions(max_time_s=86400, nodes=1, gpus=4, cpus=2, mem_mb=16000):
     (dict(n_gpu=1), {"mem": "20G"}, {}, r"memory 20480 MB per node .* at most 16000 MB"),
 ])
 def test_layouts_are_checked_against_what_the_cluster_offers(workspace, options, profile_options, node, limit):
-    from dlokit.jobspec import check_fits
+    from dlokit.submission.jobspec import check_fits
 
     profile = dlokit.use_profile("local-slurm", **profile_options)
     spec = dlokit.JobSpec(script=HELLO, name="fits", **options)
@@ -217,7 +217,7 @@ def test_layouts_are_checked_against_what_the_cluster_offers(workspace, options,
 @pytest.mark.parametrize("text,seconds", [("1-00:00:00", 86400), ("2:00:00", 7200), ("30:00", 1800), ("60", 3600),
                                           ("2-12", 216000), ("UNLIMITED", None), ("INFINITE", None)])
 def test_slurm_time_limits_are_read(text, seconds):
-    assert dlokit.jobspec.slurm_seconds(text) == seconds
+    assert dlokit.submission.jobspec.slurm_seconds(text) == seconds
 
 
 def test_the_local_profile_refuses_more_cores_than_the_machine_has(workspace):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit import jobspec, queue
+from dlokit.submission import jobspec, queue
 
 JOBS = Path(__file__).parent / "job_scripts"
 SLEEP = str(JOBS / "sleep.py")

@@ -219,7 +219,7 @@ def test_a_warmup_longer_than_the_run_exits_2_without_traceback(tmp_path):
 def test_hard_data_is_square_32px_deterministic_with_shared_shapes(tmp_path, monkeypatch):
     from PIL import Image
 
-    from dlokit import day
+    from dlokit.submission import day
 
     monkeypatch.setattr(day, "REPO", tmp_path)  # the day's data folder goes under tmp_path
     folder = Path(day.synthetic_data(2, 32, hard=True))

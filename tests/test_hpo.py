@@ -14,7 +14,8 @@ import pytest
 from optuna.trial import TrialState
 
 import dlokit
-from dlokit import hpo, jobs
+from dlokit import hpo
+from dlokit.submission import jobs
 from dlokit.in_job.runrecord import read_rank
 
 pytestmark = pytest.mark.slow

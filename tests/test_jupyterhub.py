@@ -106,7 +106,7 @@ def hub(slurm_cluster, tmp_path):
            "DLOKIT_HUB_API_PORT": str(api_port), "DLOKIT_HUB_PROXY_API_PORT": str(proxy_port)}
     if subprocess.run(["id", USER], capture_output=True).returncode == 0:  # left by an interrupted run
         run(["usermod", "--home", str(homes / USER), USER])
-    from dlokit.day import synthetic_data
+    from dlokit.submission.day import synthetic_data
 
     synthetic_data(TINY["TRAIN_PER_CLASS"], TINY["IMAGE_SIZE"])  # the tiny data set, made as the instructor
     with searchable_by_all(slurm_cluster, REPO):

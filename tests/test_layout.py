@@ -50,8 +50,9 @@ def test_the_helpers_import_no_circle():
 
 def test_the_job_layer_imports_no_course_feature():
     modules = helper_modules()
-    course = ("dlokit.race", "dlokit.analysis", "dlokit.checks", "dlokit.hpo", "dlokit.day", "dlokit.classroom")
-    for name in ("dlokit.jobs", "dlokit.jobspec", "dlokit.submit", "dlokit.in_job.task", "dlokit.queue"):
+    course = ("dlokit.race", "dlokit.analysis", "dlokit.checks", "dlokit.hpo", "dlokit.submission.day", "dlokit.classroom")
+    for name in ("dlokit.submission.jobs", "dlokit.submission.jobspec", "dlokit.submission.submit",
+                 "dlokit.submission.queue", "dlokit.in_job.task"):
         features = {t for t in imported(name, modules[name], modules) if t.startswith(course)}
         assert not features, f"{name} imports {features}"
 

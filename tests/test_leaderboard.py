@@ -199,5 +199,5 @@ def test_verify_race_rescores_each_entry_and_flags_a_forged_record(tmp_path, wor
     assert by_run.loc[forged, "claimed_top1"] == pytest.approx(0.999, abs=0.02)
     assert "disagree beyond noise" in by_run.loc[forged, "flag"]
     assert by_run.loc[honest, "flag"] == "" and 0 <= by_run.loc[honest, "test_top1"] <= 1
-    scoring = dlokit.jobs.find_card(by_run.loc[forged, "score_job"])
+    scoring = dlokit.submission.jobs.find_card(by_run.loc[forged, "score_job"])
     assert str(test) in scoring.command_line and "checkpoint.pt" in scoring.command_line

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"
 
 SUBMIT = """
 import json, sys, dlokit
-from dlokit import jobs
+from dlokit.submission import jobs
 dlokit.use_profile("local")
 [job] = dlokit.gpu_jobs_submitter(sys.argv[1], n_gpu=1, name=sys.argv[2], time_max="00:02:00", verbose=False)
 print(json.dumps({"job": job}), flush=True)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import dlokit
-from dlokit import devices, jobs
+from dlokit.submission import devices, jobs
 
 JOBS = Path(__file__).parent / "job_scripts"
 
@@ -102,7 +102,7 @@ def test_a_killed_holder_frees_its_lock(tmp_path):
     """flock locks die with their holder: no stale lock after kill -9."""
     env = {**os.environ, "DLOKIT_LOCK_DIR": str(tmp_path)}
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from dlokit.devices import DeviceQueue\n"
+        "import time; from dlokit.submission.devices import DeviceQueue\n"
         "q = DeviceQueue(1, ['cpu'], 'victim')\n"
         "assert q.try_acquire()\n"
         "print('held', flush=True); time.sleep(600)")], env=env, stdout=subprocess.PIPE, text=True)
@@ -152,6 +152,6 @@ def test_local_job_ids_are_unique_and_not_pids(workspace):
     cards = [jobs.find_card(i) for i in ids]
     assert len(set(ids)) == 2 and all(c.native_id.isdigit() and c.native_id != c.job_id for c in cards)
     (profile.runs / "taken").mkdir(parents=True)
-    from dlokit.submit import new_local_job_id
+    from dlokit.submission.submit import new_local_job_id
 
     assert all(new_local_job_id(profile) not in {"taken", *ids} for _ in range(20))

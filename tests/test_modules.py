@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit.jobspec import JobSpec, sbatch_preview, setup_lines
+from dlokit.submission.jobspec import JobSpec, sbatch_preview, setup_lines
 
 SCRIPT = str(Path(__file__).parent / "job_scripts" / "allreduce.py")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit import jobs
+from dlokit.submission import jobs
 from dlokit.analysis import load_run
 
 REPO = Path(__file__).resolve().parents[1]

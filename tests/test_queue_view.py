@@ -1,7 +1,7 @@
 """The queue widget's table shows log lines as text, never as markup."""
 import pandas as pd
 
-from dlokit.queue import COLUMNS, _table_html
+from dlokit.submission.queue import COLUMNS, _table_html
 
 
 def test_log_lines_are_escaped_and_states_coloured():
@@ -23,7 +23,7 @@ def test_the_last_log_line_is_the_script_s_own(workspace):
     from pathlib import Path
 
     import dlokit
-    from dlokit import jobs, queue
+    from dlokit.submission import jobs, queue
 
     dlokit.use_profile("local", mem="2G")  # a memory limit: submitit logs the long RLIMIT command line
     sleeper = Path(__file__).parent / "job_scripts" / "sleep.py"

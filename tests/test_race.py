@@ -17,7 +17,7 @@ import dlokit
 from dlokit import race
 from dlokit.in_job import energy
 from dlokit.analysis import load_run
-from dlokit.jobspec import JobSpec, sbatch_preview
+from dlokit.submission.jobspec import JobSpec, sbatch_preview
 from dlokit.race.launch import race_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_plan_follows_from_a_real_test_run(tmp_path, tiny):
     assert f"= {expected}\n" in text and f"{plan.test.step_s:.4f} s" in text and f"{startup:.1f} s" in text
     assert plan.gpu_hours == pytest.approx((startup + expected * epoch) / 3600)
     assert plan.energy_text == ("n/a" if summary.get("host_energy_j") is None else plan.energy_text)
-    assert plan.gpu_hours <= plan.budget_gpu_hours and dlokit.jobspec.parse_time(plan.time_limit) > plan.planned_s
+    assert plan.gpu_hours <= plan.budget_gpu_hours and dlokit.submission.jobspec.parse_time(plan.time_limit) > plan.planned_s
 
     # the profile's budget; more budget, more epochs; two GPUs, half the steps per epoch
     assert race.make_plan("test", profile=profile, runs_dir=tmp_path).budget_s == profile.race_budget_minutes * 60
@@ -297,7 +297,7 @@ def check_requeued_history(job_id: str, runs: Path) -> None:
 def test_local_race_job_requeues_itself_and_resumes(workspace, tiny):
     day = race_day("alice", "local", tiny)
     job_id = race.submit_run(day, four_epoch_plan(day, tiny), ["--lr", "0.05"])
-    card = dlokit.jobs.find_card(job_id)
+    card = dlokit.submission.jobs.find_card(job_id)
     wait_for_validation(day.runs / job_id / "rank0" / "metrics.jsonl")
     # the local controller sends SIGUSR2 to its tasks before the time limit: do it now
     tasks = subprocess.run(["pgrep", "-f", f"submitit.core._submit {card.folder}"], capture_output=True,
@@ -317,7 +317,7 @@ def test_slurm_race_job_checkpoints_requeues_and_resumes(workspace, slurm_cluste
     # what Slurm's --signal=USR2@120 sends before the time limit (and submitit's own test hook sends)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     outcome = dlokit.wait([job_id], poll_s=2, timeout_s=560)[0]
-    card = dlokit.jobs.find_card(job_id)
+    card = dlokit.submission.jobs.find_card(job_id)
     log = card.log_path().read_text()
     assert outcome.state == "COMPLETED", f"{outcome}\n{log[-3000:]}\n{card.log_path(err=True).read_text()[-3000:]}"
     check_requeued_history(job_id, day.runs)

@@ -40,7 +40,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "best_top1": found.best_top1,
     "tags": [analysis.load_run(job).info.get("tag") for job in (test_job, race_job)],
     "argv": analysis.load_run(race_job).info.get("argv"),
-    "begin": dlokit.jobs.find_card(race_job).extra.get("begin"),
+    "begin": dlokit.submission.jobs.find_card(race_job).extra.get("begin"),
     "board": [{"nickname": e["nickname"], "run_id": e["run_id"], "top1": float(e["top1"]),
                "over_budget": bool(e["over_budget"])} for e in board.table().to_dict("records")],
     "report": [{"student": r["student"], "tp": r["tp"], "jobs": int(r["jobs"]), "completed": int(r["completed"])}

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 
 import dlokit
 import dlokit.checks as checks
-from dlokit import analysis, jobs
+from dlokit import analysis
+from dlokit.submission import jobs
 from dlokit.in_job.runrecord import RunRecorder, read_rank
 
 GOOD, STEPS, BATCH = "good", 120, 16

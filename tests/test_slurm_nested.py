@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).parent / "job_scripts" / "whoami.py"
 SUBMIT_FROM_INSIDE = f"""
 import json, os
 import dlokit
-from dlokit import jobs
+from dlokit.submission import jobs
 # the local Slurm has one node: measurement jobs would ask for it whole (--exclusive) and wait for this one
 dlokit.use_profile("local-slurm", exclusive_measurements=False)
 ids = dlokit.gpu_jobs_submitter({str(SCRIPT)!r}, n_gpu=2, name="nested", time_max="00:02:00", verbose=False)

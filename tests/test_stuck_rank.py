@@ -51,7 +51,7 @@ def test_a_frozen_rank_is_named_and_the_job_ends(workspace, data):
     assert "the job is stuck: rank 0 has not answered" in error and "frozen" in error, error
     assert "rank 0 has not answered" in outcome.cause and "kill-on-bad-exit" in outcome.cause
     # the stuck rank was stopped with SIGABRT first: its log says where each of its threads was
-    log = Path(dlokit.jobs.find_card(job).log_path(0, err=True)).read_text()
+    log = Path(dlokit.submission.jobs.find_card(job).log_path(0, err=True)).read_text()
     assert "in stuck_evaluate" in log and "Current thread" in log
 
 

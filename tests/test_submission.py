@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import dlokit
-from dlokit import jobs
-from dlokit.submit import submit
+from dlokit.submission import jobs
+from dlokit.submission.submit import submit
 from dlokit.in_job.runrecord import read_rank
 
 JOBS = Path(__file__).parent / "job_scripts"
@@ -226,7 +226,7 @@ def test_missing_data_set_says_how_to_make_one(backend, monkeypatch):
 
 
 def test_queue_view_stops_at_its_timeout_saying_what_is_left(backend, capsys):
-    from dlokit import queue
+    from dlokit.submission import queue
 
     [job_id] = dlokit.gpu_jobs_submitter(f"{script('sleep.py')} 60", n_gpu=1, name="slow", time_max="00:02:00")
     assert queue.default_watch_timeout("slow") == 120 + queue.WATCH_MARGIN_S  # its time limit, then a margin

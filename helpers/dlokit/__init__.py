@@ -14,12 +14,12 @@ __version__ = "0.1.0"
 # file first, and should not pay for the submission side (submitit, the job cards) or pandas on each job.
 _LAZY = {
     **dict.fromkeys(["JobCard", "Outcome", "SchedulerError", "cancel", "job_outcome", "search_log", "show_script",
-                     "wait"], "jobs"),
-    **dict.fromkeys(["JobSpec", "JobSpecError", "plan", "sbatch_preview"], "jobspec"),
-    **dict.fromkeys(["Profile", "ProfileError", "current_profile", "get_profile", "use_profile"], "profiles"),
-    "gpu_jobs_submitter": "submit",
-    **dict.fromkeys(["Day", "LlmDay", "setup_day", "setup_llm_day"], "day"),
-    **dict.fromkeys(["display_slurm_queue", "job_table"], "queue"),
+                     "wait"], "submission.jobs"),
+    **dict.fromkeys(["JobSpec", "JobSpecError", "plan", "sbatch_preview"], "submission.jobspec"),
+    **dict.fromkeys(["Profile", "ProfileError", "current_profile", "get_profile", "use_profile"], "submission.profiles"),
+    "gpu_jobs_submitter": "submission.submit",
+    **dict.fromkeys(["Day", "LlmDay", "setup_day", "setup_llm_day"], "submission.day"),
+    **dict.fromkeys(["display_slurm_queue", "job_table"], "submission.queue"),
 }
 __all__ = sorted(_LAZY)
 

@@ -36,7 +36,7 @@ import pandas as pd
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
 from .in_job.energy import jobs_usage
-from .jobs import BadCard, job_outcome, load_card
+from .submission.jobs import BadCard, job_outcome, load_card
 from .analysis.race_history import SEGMENT, base_id
 
 UNTAGGED, OTHER = "untagged", "other"
@@ -255,7 +255,7 @@ def show(runs_dir, logs_dir=None, notebooks=()):
 # ---- command line --------------------------------------------------------------------------------------------
 
 def _verify_race(profile: str | None, test: str | None) -> int:
-    from .profiles import use_profile
+    from .submission.profiles import use_profile
     from .race.verify import VerifyError, verify_race
 
     if profile:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import jobs, profiles
-from .jobspec import JobSpec, JobSpecError, plan, sbatch_preview
-from .queue import display_slurm_queue
-from .submit import submit
+from .submission import jobs, profiles
+from .submission.jobspec import JobSpec, JobSpecError, plan, sbatch_preview
+from .submission.queue import display_slurm_queue
+from .submission.submit import submit
 
 
 def _job_arguments(parser: argparse.ArgumentParser) -> None:

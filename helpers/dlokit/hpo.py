@@ -50,10 +50,10 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
 from .in_job import shared_folders
-from .jobs import JobCard, all_cards, cancel, find_card, job_outcome
-from .profiles import current_profile
+from .submission.jobs import JobCard, all_cards, cancel, find_card, job_outcome
+from .submission.profiles import current_profile
 from .in_job.runrecord import is_number, read_metrics
-from .submit import gpu_jobs_submitter
+from .submission.submit import gpu_jobs_submitter
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # this module prints one line per trial event instead
 

@@ -86,7 +86,7 @@ if [[ "$(id -u)" == 0 ]] && ! runuser -u nobody -- "$VENV/bin/python" -c \
 fi
 
 # --- the course's default data set, made once (the notebooks find it and need no write access) ------
-"$VENV/bin/python" -c 'from dlokit.day import synthetic_data; synthetic_data(32, 64)' >/dev/null
+"$VENV/bin/python" -c 'from dlokit.submission.day import synthetic_data; synthetic_data(32, 64)' >/dev/null
 chmod -R a+rX "$REPO/data/generated" 2>/dev/null || true  # files of other users stay as they are
 
 # --- student accounts (only when asked) -------------------------------------------------------------

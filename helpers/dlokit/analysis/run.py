@@ -160,7 +160,7 @@ def runs_folder(runs_dir=None) -> Path:
     if runs_dir is not None:
         return Path(runs_dir).expanduser()
     try:
-        from dlokit.profiles import current_profile
+        from dlokit.submission.profiles import current_profile
 
         return current_profile().runs
     except Exception:  # no usable profile (e.g. a broken profiles file): the plain default

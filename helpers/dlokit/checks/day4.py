@@ -59,8 +59,8 @@ def oom_then_fit(ddp_id, fsdp_id):
     """Under the same memory limit the DDP job ran out of memory (recorded as such) and the FSDP job completed."""
     (ddp_id,), (fsdp_id,) = ids(ddp_id), ids(fsdp_id)
     from dlokit.analysis import load_run
-    from dlokit.jobs import job_outcome
-    from dlokit.profiles import current_profile
+    from dlokit.submission.jobs import job_outcome
+    from dlokit.submission.profiles import current_profile
 
     ddp, fsdp = (load_run(i, current_profile().runs) for i in (ddp_id, fsdp_id))
     ddp_state = job_outcome(ddp_id).state

@@ -10,7 +10,7 @@ from .records import ids
 def day_jobs(job_ids, expected: dict | None = None):
     """Every job COMPLETED, or ended the way its TP meant it to (`expected`: {job id: state}, e.g. the DDP job of
     TP4.2 that must run out of memory, a trial the HPO pruner cancelled)."""
-    from dlokit.jobs import job_outcome
+    from dlokit.submission.jobs import job_outcome
 
     wanted = ids(job_ids)
     expected = {str(k): v for k, v in (expected or {}).items()}

@@ -18,7 +18,7 @@ from .records import ids, why_not_finished
 
 def planned(job_id: str) -> dict:
     """The plan the race job was submitted with (its job card), {} when unknown."""
-    from dlokit.jobs import find_card
+    from dlokit.submission.jobs import find_card
 
     try:
         return find_card(job_id).extra.get("race") or {}

@@ -18,7 +18,7 @@ def ids(job_ids) -> list[str]:
 def why_not_finished(job_id: str, run) -> str:
     """A sentence on a job that has no complete record, with the cause when the scheduler knows it."""
     try:
-        from dlokit.jobs import job_outcome
+        from dlokit.submission.jobs import job_outcome
 
         outcome = job_outcome(job_id)
         state, cause = outcome.state, outcome.cause
@@ -44,7 +44,7 @@ def why_not_finished(job_id: str, run) -> str:
 def load(job_id):
     """(Run, None) for a completed run, else (Run or None, a sentence saying what is wrong)."""
     from dlokit.analysis import load_run
-    from dlokit.profiles import current_profile
+    from dlokit.submission.profiles import current_profile
 
     run = load_run(str(job_id), current_profile().runs)
     if run.state != "completed":

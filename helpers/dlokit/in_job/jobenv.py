@@ -25,7 +25,7 @@ JOB_NAME = "DLOKIT_JOB_NAME"        # the job name given in the cell (the studen
 TAG = "DLOKIT_TAG"                  # what the job is for, e.g. "TP1.2" or "race" (the class report groups by it)
 CPUS_PER_TASK = "DLOKIT_CPUS_PER_TASK"  # cores this task may use (its device's share)
 
-# written by the local backend's device launcher (dlokit.devices)
+# written by the local backend's device launcher (dlokit.submission.devices)
 DEVICES = "DLOKIT_DEVICES"          # the devices this job holds: "cpu0,cpu1" (cores) or "gpu0,gpu1"
 SHARED = "DLOKIT_SHARED"            # "1": the job measures accuracy, not speed, and shares the machine (alone=False)
 LOCK_WAITED_S = "DLOKIT_LOCK_WAITED_S"  # how long the job waited for them

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 
 from ..in_job import jobenv
-from ..jobspec import JobSpec
-from ..profiles import with_overrides
-from ..submit import submit
+from ..submission.jobspec import JobSpec
+from ..submission.profiles import with_overrides
+from ..submission.submit import submit
 from .planner import RacePlan, RacePlanError
 from .requeue import RequeueingTask, option_value
 
@@ -93,7 +93,7 @@ def submit_run(day, plan: RacePlan, options=(), begin: str | None = None, wait: 
     card.save()
     day.submitted.append(card.job_id)
     if wait:
-        from ..queue import display_slurm_queue
+        from ..submission.queue import display_slurm_queue
 
         display_slurm_queue(day.nickname, timestep=day.refresh_s, job_ids=[card.job_id])
     return card.job_id

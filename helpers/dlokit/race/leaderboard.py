@@ -28,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..in_job import shared_folders
-from ..jobs import JOB_ID_PATTERN
-from ..jobspec import NAME_PATTERN
-from ..profiles import Profile, current_profile
+from ..submission.jobs import JOB_ID_PATTERN
+from ..submission.jobspec import NAME_PATTERN
+from ..submission.profiles import Profile, current_profile
 from ..in_job.runrecord import is_number
 from ..analysis.race_history import history
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from ..analysis.run import load_run
 from ..in_job.energy import run_usage
-from ..jobspec import format_seconds
-from ..profiles import Profile, current_profile
+from ..submission.jobspec import format_seconds
+from ..submission.profiles import Profile, current_profile
 from ..in_job.runrecord import is_number
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".webp", ".bmp")

@@ -68,7 +68,7 @@ def newest_checkpoint(runs: Path, base: str, segment: int, argv: list[str]) -> s
 
 
 class RequeueingTask(ScriptTask):
-    """The task of a race job (dlokit.submit.submit(..., task_class=RequeueingTask)): runs this segment of the
+    """The task of a race job (dlokit.submission.submit.submit(..., task_class=RequeueingTask)): runs this segment of the
     training, and requeues the job when the script checkpointed on a signal."""
 
     def __call__(self) -> str:

@@ -19,10 +19,10 @@ import pandas as pd
 
 from ..analysis import stats
 from ..analysis.run import load_run
-from ..jobs import wait
-from ..profiles import current_profile
+from ..submission.jobs import wait
+from ..submission.profiles import current_profile
 from ..in_job.runrecord import is_number
-from ..submit import gpu_jobs_submitter
+from ..submission.submit import gpu_jobs_submitter
 from .leaderboard import Leaderboard
 from ..analysis.race_history import history
 

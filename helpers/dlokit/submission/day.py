@@ -24,7 +24,7 @@ from filelock import FileLock
 from .profiles import Profile, use_profile
 from .submit import gpu_jobs_submitter
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATA_MAKER = REPO / "data" / "make_synthetic_imagenet.py"
 
 

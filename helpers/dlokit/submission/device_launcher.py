@@ -1,6 +1,6 @@
-"""The local job launcher: wait for the job's devices (dlokit.devices), then run submitit's controller.
+"""The local job launcher: wait for the job's devices (dlokit.submission.devices), then run submitit's controller.
 
-    python -m dlokit.device_launcher --need 1 --among cpu --folder F --name alice --mem-mb auto -- python -m submitit.local._local F
+    python -m dlokit.submission.device_launcher --need 1 --among cpu --folder F --name alice --mem-mb auto -- python -m submitit.local._local F
 
 Its pid is the job's native id. While it waits, `<pid>_waiting.json` in the job folder says for what;
 once started, `<pid>_started.json` says when, on which devices and with how much memory (each task's
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from dlokit import tree_memory
+from dlokit.submission import tree_memory
 from dlokit.in_job import jobenv, rank
-from dlokit.devices import POLL_S, DeviceQueue, write_json, holders
+from dlokit.submission.devices import POLL_S, DeviceQueue, write_json, holders
 
 GRACE_S = 10.0  # after a cancel, how long the tasks get to stop before everything left is killed
 FAILED_TASK_GRACE_S = 10.0  # after a task failed, how long the others get to record why they stop
@@ -67,7 +67,7 @@ def _memory_limit_mb(wanted: str, queue: DeviceQueue) -> int:
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m dlokit.device_launcher", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dlokit.submission.device_launcher", description=__doc__.split("\n")[0])
     parser.add_argument("--need", type=int, required=True, help="how many devices the job needs")
     parser.add_argument("--among", required=True, help="comma-separated devices: cpu, or gpu0,gpu1,...")
     parser.add_argument("--folder", type=Path, required=True, help="the job's log folder")

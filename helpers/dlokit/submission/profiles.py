@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from .in_job import jobenv
+from ..in_job import jobenv
 
 BUILTIN_FILE = Path(__file__).with_name("profiles.toml")
 
@@ -55,7 +55,7 @@ class Profile:
     # memory, in Slurm's words: `mem` per node (= the whole job on the local backend), or `mem_per_cpu`;
     # "16G", "512M", a number of MB. Slurm: --mem / --mem-per-cpu, empty = the cluster's default.
     # Local: a per-task RLIMIT_DATA, and the job's processes together (children, DataLoader workers) watched
-    # by the launcher (dlokit.tree_memory); "auto" = 80 % of the memory available when the job starts,
+    # by the launcher (dlokit.submission.tree_memory); "auto" = 80 % of the memory available when the job starts,
     # shared with the devices still free (measurements run one at a time); "0" = no limit.
     mem: str = ""
     mem_per_cpu: str = ""

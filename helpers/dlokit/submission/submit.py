@@ -22,15 +22,15 @@ import submitit
 from submitit.local.local import LocalJob
 
 from . import devices, jobs
-from .in_job import jobenv, shared_folders
+from ..in_job import jobenv, shared_folders
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, cluster_limits, plan,
                       setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
-from .in_job.task import ScriptTask
+from ..in_job.task import ScriptTask
 
 class DeviceLockedLocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, whose job controller starts only once the job's devices are free
-    (see dlokit.devices). Only how the controller is started differs; submitit does the rest."""
+    (see dlokit.submission.devices). Only how the controller is started differs; submitit does the rest."""
 
     def __init__(self, folder: Path, need: int, among: list[str], name: str, mem_mb: str = "0"):
         super().__init__(folder=folder)
@@ -44,7 +44,7 @@ class DeviceLockedLocalExecutor(submitit.LocalExecutor):
                "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
                "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
                "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": "", "SUBMITIT_LOCAL_WITH_SHELL": "1"}
-        argv = [sys.executable, "-m", "dlokit.device_launcher", "--need", str(self.need), "--among", ",".join(self.among),
+        argv = [sys.executable, "-m", "dlokit.submission.device_launcher", "--need", str(self.need), "--among", ",".join(self.among),
                 "--folder", str(self.folder), "--name", self.name, "--mem-mb", self.mem_mb,
                 "--submitted-ns", str(time.time_ns()), "--",
                 sys.executable, "-m", "submitit.local._local", str(self.folder)]

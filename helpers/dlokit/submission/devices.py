@@ -4,9 +4,9 @@ A device is one local GPU or, on a machine without GPUs, one core standing for o
 measures speed takes every core (the whole CPU, so two measurements never share it), a job that measures
 accuracy only (`alone=False`) takes one core per task and may run beside another. Each device is a lock file
 (the `filelock` library: an OS-level flock, which the kernel drops when its holder exits, crashed or
-killed, so a lock can never go stale). Every local job is started through the launcher (dlokit.device_launcher):
+killed, so a lock can never go stale). Every local job is started through the launcher (dlokit.submission.device_launcher):
 
-    python -m dlokit.device_launcher --need 1 --among gpu0,gpu1 --folder F -- python -m submitit.local._local F
+    python -m dlokit.submission.device_launcher --need 1 --among gpu0,gpu1 --folder F -- python -m submitit.local._local F
 
 It queues (first come, first served among jobs that want the same devices), takes the
 locks, points CUDA_VISIBLE_DEVICES at the GPUs it got, and runs submitit's job controller as its
@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock, Timeout
 
-from .in_job import jobenv
+from ..in_job import jobenv
 
 POLL_S = 0.25
 
