@@ -18,7 +18,7 @@ import pytest
 
 from dlokit.in_job import jobenv
 from dlokit.in_job.runrecord import read_rank
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "tp_scripts" / "solutions" / "compile_bench.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dlokit.in_job.runrecord import read_rank
-from script_modules import common  # noqa: E402
+from tp_imports import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"

@@ -11,7 +11,7 @@ import torch
 
 from dlokit.in_job.measure import tf32_enabled
 from dlokit.memory_model import estimate, params_on_rank
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 LLM = Path(__file__).resolve().parents[1] / "tp_scripts" / "llm"
 model_lib = common("model", llm=True)

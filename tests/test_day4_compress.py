@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlokit.analysis.compress import compression_plot, compression_table
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LLM = ROOT / "tp_scripts" / "llm"

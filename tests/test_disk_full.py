@@ -78,7 +78,7 @@ def test_a_job_whose_disk_fills_up_fails_naming_the_record_file(workspace):
 
 @pytest.fixture
 def checkpointing():
-    from script_modules import common
+    from tp_imports import common
 
     return common("checkpointing")
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from dlokit.in_job import measure
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tp_scripts" / "solutions" / "train_classifier.py"

@@ -31,7 +31,7 @@ TRAIN_IMAGES, VAL_IMAGES, PER_SHARD = 36, 9, 5
 sys.path.insert(0, str(REPO / "data"))
 import convert_formats  # noqa: E402
 import make_synthetic_imagenet  # noqa: E402
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 fixed_size = common("storage_formats").fixed_size
 ShardStream, shard_loaders, shard_pipeline, smallest_share = (

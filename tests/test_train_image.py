@@ -36,7 +36,7 @@ SPLITS = ("t_data", "t_h2d", "t_augment", "t_forward", "t_backward", "t_optimize
 
 sys.path.insert(0, str(REPO / "data"))
 import make_synthetic_imagenet  # noqa: E402
-from script_modules import common, load_script  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 
 def make_dataset(root: Path, classes: int, train: int, val: int, size: int = 40) -> Path:
