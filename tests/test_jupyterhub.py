@@ -164,10 +164,11 @@ def student_session(page, hub):
     run_cells(page, *hub["cells"])
 
     page.wait_for_selector(".dlokit-queue-widget table.dlokit-queue", timeout=240_000)
-    [job_id] = wait_until(lambda: submitted_jobs(since), 30, "the job in Slurm's accounting")
-    page.wait_for_function(
-        "id => document.querySelector('.dlokit-queue-widget').innerText.includes(id)", arg=job_id, timeout=30_000)
+    # read the live queue now: once the job has ended (it may, while sacct catches up) the widget says "none left"
+    live_queue = page.inner_text(".dlokit-queue-widget")
     page.screenshot(path=str(ARTIFACTS / "jupyterhub-day1-queue.png"), full_page=False)
+    [job_id] = wait_until(lambda: submitted_jobs(since), 30, "the job in Slurm's accounting")
+    assert job_id in live_queue, f"the live queue did not list job {job_id}:\n{live_queue}"
     page.wait_for_function(
         "() => document.querySelector('.dlokit-queue-widget').innerText.includes('none left')", timeout=120_000)
 

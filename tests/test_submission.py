@@ -266,6 +266,7 @@ def test_a_scheduler_that_does_not_answer_is_named_and_wait_gives_up(workspace, 
     conf = Path(os.environ["SLURM_CONF"]).read_text()
     conf = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={ctld}", conf)
     conf = re.sub(r"(?m)^AccountingStoragePort=.*$", f"AccountingStoragePort={dbd}", conf)
+    conf = re.sub(r"(?m)^MessageTimeout=.*\n", "", conf) + "MessageTimeout=1\n"  # squeue gives up at once, not after 18 s
     unreachable = workspace / "slurm.conf"
     unreachable.write_text(conf)
     monkeypatch.setenv("SLURM_CONF", str(unreachable))
