@@ -88,7 +88,8 @@ def check_race(results: list[dict], probe: dict, profile: str) -> None:
     assert race["status"] == "passed" and [p["status"] for p in race["parts"]] == ["passed"] * 4, race
     assert probe["profile"] == profile
     # the form's values reached the run, after the day's sizes (the later option wins)
-    assert probe["options"][-4:] == ["--optimizer", "sgd", "--lr-schedule", "cosine"]
+    at = probe["options"].index("--optimizer")
+    assert probe["options"][at:at + 4] == ["--optimizer", "sgd", "--lr-schedule", "cosine"]
     assert probe["argv"][-len(probe["options"]):] == probe["options"] and "--lr" in probe["argv"]
     # every planned epoch ran and was validated, in one segment (nothing preempted it)
     assert probe["planned_epochs"] >= 1 and probe["segments"] == 1
@@ -107,8 +108,16 @@ def check_race(results: list[dict], probe: dict, profile: str) -> None:
 
 @pytest.mark.slow
 def test_race_notebook_local(isolated):
-    results, probe, text = execute({**TINY, "BEGIN": "22:00"}, isolated)
+    # what Day 1 and Day 2 chose, as their notebooks save it: the race form starts from it, the run carries it
+    notes = {"batch_size": 8, "amp": "bf16", "tf32": False, "channels_last": True, "loader": ["--num-workers", "1"]}
+    (isolated / "runs").mkdir()
+    (isolated / "runs" / "course-notes-racer.json").write_text(json.dumps(notes))
+    results, probe, text = execute({**TINY, "BATCH_SIZE": None, "BEGIN": "22:00"}, isolated)
     check_race(results, probe, "local")
+    argv = probe["argv"]
+    assert argv[argv.index("--amp") + 1] == "bf16" and "--channels-last" in argv, argv
+    assert argv[argv.index("--num-workers") + 1] == "1" and argv[argv.index("--batch-size") + 1] == "8", argv
+    assert "from Day 1: bf16, batch 8, channels_last" in text and "from Day 2: 1 DataLoader worker" in text
     assert probe["begin"] is None and "BEGIN = '22:00' ignored" in text  # no start time on this machine
     assert "epochs = floor((budget − startup)" in text
 

@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
                    help="where to compute; auto = the GPU when there is one")
     g.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none",
                    help="mixed precision: matrix maths in 16 bits on tensor cores; fp16 also needs loss scaling")
-    g.add_argument("--tf32", action="store_true", help="let fp32 matmuls and convolutions use TF32 tensor cores (GPU)")
-    g.add_argument("--channels-last", action="store_true",
+    g.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=False,
+                   help="let fp32 matmuls and convolutions use TF32 tensor cores (GPU)")
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                    help="NHWC memory layout for weights and images: what tensor-core convolutions want")
     g.add_argument("--compile", action="store_true", help="torch.compile the model: fused kernels, slow first steps")
     g.add_argument("--compile-mode", default=None,
@@ -93,10 +94,13 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
 
     g = p.add_argument_group("data loading (Day 2)")
     g.add_argument("--num-workers", type=int, default=0, help="processes decoding images beside the training loop")
-    g.add_argument("--pin-memory", action="store_true", help="page-locked host batches: faster, asynchronous copies to the GPU")
-    g.add_argument("--non-blocking", action="store_true", help="copy the next batch to the GPU while it still computes")
+    g.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False,
+                   help="page-locked host batches: faster, asynchronous copies to the GPU")
+    g.add_argument("--non-blocking", action=argparse.BooleanOptionalAction, default=False,
+                   help="copy the next batch to the GPU while it still computes")
     g.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker prepares in advance")
-    g.add_argument("--persistent-workers", action="store_true", help="keep workers alive between epochs (no restart cost)")
+    g.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=False,
+                   help="keep workers alive between epochs (no restart cost)")
     g.add_argument("--drop-last", action="store_true", help="skip the last, incomplete batch of an epoch")
     g.add_argument("--augment", default="none",
                    help="data augmentation (TP2.4): none, randaugment (per image, in the DataLoader workers), "

@@ -1,11 +1,12 @@
 """The race form: the choices a student makes, turned into the training script's options.
 
-    form = race_form(day)        # ipywidgets: image size, batch, LR, weight decay, optimiser, schedule, augmentation
+    form = race_form(day)        # ipywidgets: sizes, LR, optimiser, schedule, augmentation, precision, loader
     form                         # shown in the notebook
     options = form.options()     # ['--image-size', '64', '--batch-size', '16', ...], checked by the script's parser
 
-The optimiser, schedule and augmentation choices are read from the script's own parser
-(tp_scripts/common/train_options.py), so the form offers exactly what the script accepts.
+The optimiser, schedule, precision and augmentation choices are read from the script's own parser
+(tp_scripts/common/train_options.py), so the form offers exactly what the script accepts. The precision, memory
+layout and DataLoader fields start from what the week chose (the day's `carried` options: Day 1, Day 2).
 """
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ import io
 from pathlib import Path
 
 from ..script_modules import common_module
+from ..submission.week import option_groups
 
-FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_schedule", "augment")
+FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_schedule", "augment",
+          "amp", "tf32", "channels_last", "num_workers", "pin_memory", "non_blocking", "prefetch_factor",
+          "persistent_workers")
+FLAGS = ("tf32", "channels_last", "pin_memory", "non_blocking", "persistent_workers")  # --x or --no-x
 
 
 def options_module(script: str | Path):
@@ -42,16 +47,25 @@ def default(parser: argparse.ArgumentParser, option: str, fallback):
 
 def race_options(parser: argparse.ArgumentParser, *, image_size: int, batch_size: int, lr: float,
                  weight_decay: float, optimizer: str | None = None, lr_schedule: str | None = None,
-                 augment=("none",)) -> list[str]:
-    """The script options for these choices; ValueError with the script's own message when it would refuse one."""
+                 augment=("none",), amp: str | None = None, num_workers: int | None = None,
+                 prefetch_factor: int | None = None, **flags) -> list[str]:
+    """The script options for these choices (a flag of FLAGS: True, False, or None to leave it out); ValueError
+    with the script's own message when it would refuse one."""
     augment = [augment] if isinstance(augment, str) else list(augment or ["none"])
     options = ["--image-size", str(int(image_size)), "--batch-size", str(int(batch_size)), "--lr", repr(float(lr)),
                "--weight-decay", repr(float(weight_decay)), "--augment", ",".join(augment) or "none"]
-    for option, value in (("--optimizer", optimizer), ("--lr-schedule", lr_schedule)):
+    for option, value in (("--optimizer", optimizer), ("--lr-schedule", lr_schedule), ("--amp", amp),
+                          ("--num-workers", num_workers), ("--prefetch-factor", prefetch_factor)):
         if value is not None:
             if _action(parser, option) is None:
                 raise ValueError(f"{option} {value}: this training script has no {option} option")
             options += [option, str(value)]
+    for name, value in flags.items():
+        if name not in FLAGS:
+            raise TypeError(f"race_options: unknown choice {name!r}")
+        if value is not None:
+            option = "--" + name.replace("_", "-")
+            options.append(option if value else "--no-" + option[2:])
     if int(batch_size) < 2 or int(image_size) < 32:
         raise ValueError("batch size must be at least 2 (BatchNorm) and image size at least 32 px")
     if not float(lr) > 0 or float(weight_decay) < 0:
@@ -70,12 +84,21 @@ class RaceForm:
     """The widgets of the race form; `options()` reads them. Shown when it is a cell's value."""
 
     def __init__(self, parser: argparse.ArgumentParser, augmentations=("none", "randaugment", "mixup", "cutmix"), *,
-                 image_size: int = 64, batch_size: int = 16, lr: float = 0.1, weight_decay: float = 5e-5):
+                 image_size: int = 64, batch_size: int = 16, lr: float = 0.1, weight_decay: float = 5e-5,
+                 carried=()):
         import ipywidgets as widgets
 
         self.parser = parser
         style = {"description_width": "150px"}
         optimizers, schedules = choices(parser, "--optimizer"), choices(parser, "--lr-schedule")
+        week = dict(option_groups(carried))  # what the earlier days chose: the start of the precision and loader fields
+
+        def chosen(option, fallback):
+            return week[option][0] if week.get(option) else default(parser, option, fallback)
+
+        def flag(name, description):
+            return widgets.Checkbox(value=f"--{name.replace('_', '-')}" in week, description=description, style=style,
+                                    disabled=_action(parser, f"--{name.replace('_', '-')}") is None)
         self.fields = {
             "image_size": widgets.BoundedIntText(value=image_size, min=32, max=1024, step=16,
                                                  description="image size (px)", style=style),
@@ -91,8 +114,22 @@ class RaceForm:
                                             description="LR schedule", style=style, disabled=not schedules),
             "augment": widgets.SelectMultiple(options=list(augmentations), value=["none"],
                                               description="augmentation", style=style),
+            "amp": widgets.Dropdown(options=choices(parser, "--amp") or ["none"], value=chosen("--amp", "none"),
+                                    description="mixed precision", style=style, disabled=not choices(parser, "--amp")),
+            "tf32": flag("tf32", "TF32 (GPU)"),
+            "channels_last": flag("channels_last", "channels_last"),
+            "num_workers": widgets.BoundedIntText(value=int(chosen("--num-workers", 0)), min=0, max=64,
+                                                  description="DataLoader workers", style=style),
+            "pin_memory": flag("pin_memory", "pinned memory"),
+            "non_blocking": flag("non_blocking", "non-blocking copies"),
+            "prefetch_factor": widgets.BoundedIntText(value=int(chosen("--prefetch-factor", 2)), min=1, max=64,
+                                                      description="prefetch factor", style=style),
+            "persistent_workers": flag("persistent_workers", "persistent workers"),
         }
-        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules)}
+        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules),
+                     "amp": bool(choices(parser, "--amp")),
+                     **{name: _action(parser, f"--{name.replace('_', '-')}") is not None
+                        for name in ("num_workers", "prefetch_factor", *FLAGS)}}
         self.message = widgets.HTML()
         self.box = widgets.VBox([*self.fields.values(), self.message])
 
@@ -121,7 +158,8 @@ class RaceForm:
 
 
 def race_form(day, **defaults) -> RaceForm:
-    """The form for this day's training script; defaults from the day (image size, batch) unless given."""
-    defaults = {"image_size": day.image_size, "batch_size": day.batch_size, **defaults}
+    """The form for this day's training script; defaults from the day (image size, batch, and what the earlier
+    days chose) unless given."""
+    defaults = {"image_size": day.image_size, "batch_size": day.batch_size, "carried": day.carried, **defaults}
     module = options_module(day.script)
     return RaceForm(module.build_parser(), getattr(module, "AUGMENTATIONS", ("none",)), **defaults)

@@ -16,6 +16,7 @@ from ..in_job import jobenv
 from ..submission.jobspec import JobSpec
 from ..submission.profiles import with_overrides
 from ..submission.submit import submit
+from ..submission.week import without_overridden
 from .planner import RacePlan, RacePlanError
 from .requeue import RequeueingTask, option_value
 
@@ -48,10 +49,12 @@ def submit_test(day, options=(), steps: int = TEST_STEPS, wait: bool = True) -> 
 
 
 def run_command(day, plan: RacePlan, options=()) -> list[str]:
-    """The day's sizes first (as in its test job), then the race options, which win where they repeat them."""
+    """The day's sizes first (as in its test job), then what the week chose (precision, layout, DataLoader:
+    `day.carried`), then the race options, which win where they repeat them."""
     return [str(day.script), "--data", day.data, "--model", day.model, "--image-size", str(day.image_size),
             "--batch-size", str(day.batch_size), "--epochs", str(plan.epochs), "--checkpoint-epochs",
-            "--checkpoint-on-signal", "--print-every", "20", *map(str, options)]
+            "--checkpoint-on-signal", "--print-every", "20", *without_overridden(day.carried, options),
+            *map(str, options)]
 
 
 def _check_same_as_test(plan: RacePlan, argv: list[str]) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from . import week
 from .profiles import Profile, use_profile
 from .submit import gpu_jobs_submitter
 
@@ -40,6 +41,7 @@ class Day:
     steps: int = 10
     time_max: str = "00:10:00"
     refresh_s: float = 5.0
+    carry_from: tuple = ()      # the earlier days whose choices every command starts from (dlokit.submission.week)
     submitted: list = field(default_factory=list)
 
     @property
@@ -53,15 +55,22 @@ class Day:
 
     def command(self, *options, batch_size: int | None = None, steps: int | None = None,
                 epochs: int | None = None, script: str | None = None) -> str:
-        """The command line of one job of the training script with the TP's options: a timed `--test`
-        run of `steps` steps, or, with `epochs`, a real training with validation after each epoch.
+        """The command line of one job of the training script: what the earlier days chose (`carried`), then the
+        TP's options, which win where they name the same option; a timed `--test` run of `steps` steps, or, with
+        `epochs`, a real training with validation after each epoch.
         `script`: another script a TP runs (read_bench.py), with `options` only."""
         if script is not None:
             return shlex.join([str(self.beside(script)), *map(str, options)])
         length = ["--epochs", str(epochs)] if epochs else ["--test", "--test-nsteps", str(steps or self.steps)]
         argv = [str(self.script), "--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
-                "--batch-size", str(batch_size or self.batch_size), *length, "--print-every", "1", *map(str, options)]
+                "--batch-size", str(batch_size or self.batch_size), *length, "--print-every", "1",
+                *week.without_overridden(self.carried, options), *map(str, options)]
         return shlex.join(argv)
+
+    @property
+    def carried(self) -> list[str]:
+        """The training script's options that repeat what the days of `carry_from` chose (course notes)."""
+        return week.carried_options(self.recall(), self.carry_from)
 
     def beside(self, script: str) -> Path:
         """A script a TP runs but no student edits: beside the student's scripts, one folder up from the
@@ -114,6 +123,8 @@ class Day:
     def describe(self) -> str:
         mode = "the reference SOLUTIONS" if self.solutions else "YOUR script (student mode)"
         lines = [f"profile {self.profile.name!r}: {self.profile.description}",
+                 *(["every command starts from what the earlier days chose:",
+                    *week.describe(self.recall(), self.carry_from)] if self.carry_from else []),
                  f"  backend {self.profile.backend}, {self.profile.node_gpus()} GPU(s) (or CPU processes) per node",
                  f"  training script {self.script} -> {mode}",
                  f"  data {self.data}", f"  job logs in {self.profile.logs}", f"  run records in {self.runs}"]
@@ -149,11 +160,13 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, har
 
 
 def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = None, train_per_class: int = 32,
-              model: str = "resnet18", image_size: int = 64, batch_size: int = 16, steps: int = 10,
+              model: str = "resnet18", image_size: int = 64, batch_size: int | None = 16, steps: int = 10,
               time_max: str = "00:10:00", refresh_s: float = 5.0, script: str = "train_classifier.py",
-              verbose: bool = True, hard_data: bool = False) -> Day:
+              verbose: bool = True, hard_data: bool = False, carry_from=()) -> Day:
     """Choose the profile, find the training script, make or find the data; returns the Day.
-    hard_data: generate the hard CIFAR-like set (Day 3) when `data` is None."""
+    hard_data: generate the hard CIFAR-like set (Day 3) when `data` is None.
+    carry_from: earlier days (e.g. [1, 2]) whose saved choices every command starts from; batch_size None then
+    means the batch Day 1 chose (16 when it saved none)."""
     chosen = use_profile(profile)
     path = Path(scripts) / script
     if not path.is_file():
@@ -166,8 +179,10 @@ def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = N
         raise FileNotFoundError(f"DATA={data!r} has no train/ folder: give an ImageNet-layout folder "
                                 "(train/<class>/*.JPEG, val/...) or None to generate a small synthetic one")
     data = data if data == "synthetic" else str(Path(data).resolve())
-    day = Day(nickname, chosen, path, data, model=model, image_size=image_size, batch_size=batch_size,
-              steps=steps, time_max=time_max, refresh_s=refresh_s)
+    day = Day(nickname, chosen, path, data, model=model, image_size=image_size, batch_size=batch_size or 16,
+              steps=steps, time_max=time_max, refresh_s=refresh_s, carry_from=tuple(carry_from))
+    if batch_size is None and 1 in day.carry_from and day.recall("batch_size"):
+        day.batch_size = int(day.recall("batch_size"))
     if verbose:
         print(day.describe())
     return day

@@ -1,0 +1,79 @@
+"""The week's thread: what each day chose, carried into the command lines of the days after it.
+
+Day 1 keeps the precision, the batch and the memory layout its measurements showed best; Day 2 keeps the
+DataLoader settings. A day saves a choice with `day.remember(amp="bf16")` in the student's course notes
+(`<runs>/course-notes-<nickname>.json`). A later day asks for them, `setup_day(..., carry_from=[1, 2])`: the
+set-up cell prints what it carries ("from Day 1: bf16, batch 64, channels_last"), and every `day.command()`
+starts from those options. A TP's own options win where they name the same option (`--amp none`,
+`--no-channels-last`). A choice that was never saved is said so, and the script's default is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str                                 # its name in the course notes
+    day: int                                 # the day whose measurement makes it
+    options: Callable[[object], list[str]]   # the training script's options that repeat it
+    shown: Callable[[object], str]           # how the set-up cell prints it ("" : nothing to print)
+
+
+def _loader_shown(options) -> str:
+    values = dict(option_groups(options))
+    workers = values.get("--num-workers", ["0"])[0]
+    words = [f"{workers} DataLoader worker{'' if workers == '1' else 's'}"]
+    words += [word for flag, word in (("--pin-memory", "pinned memory"), ("--non-blocking", "non-blocking copies"),
+                                      ("--persistent-workers", "persistent workers")) if flag in values]
+    if "--prefetch-factor" in values:
+        words.append(f"prefetch {values['--prefetch-factor'][0]}")
+    return ", ".join(words)
+
+
+CHOICES = (
+    Choice("amp", 1, lambda v: ["--amp", str(v)], lambda v: {"none": "fp32"}.get(v, str(v))),
+    Choice("tf32", 1, lambda v: ["--tf32"] if v else [], lambda v: "TF32" if v else ""),
+    Choice("batch_size", 1, lambda v: [], lambda v: f"batch {v}"),  # the day's batch_size: it is in every command
+    Choice("channels_last", 1, lambda v: ["--channels-last"] if v else [], lambda v: "channels_last" if v else "NCHW"),
+    Choice("loader", 2, lambda v: [str(o) for o in v], lambda v: _loader_shown(v) if v else "no DataLoader workers"),
+)
+DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers"}  # the script's, when nothing is saved
+
+
+def option_groups(argv) -> list[tuple[str, list[str]]]:
+    """['--amp', 'bf16', '--channels-last'] -> [('--amp', ['bf16']), ('--channels-last', [])]."""
+    groups = []
+    for word in map(str, argv):
+        if word.startswith("--"):
+            groups.append((word, []))
+        elif groups:
+            groups[-1][1].append(word)
+    return groups
+
+
+def carried_options(notes: dict, days) -> list[str]:
+    """The options that repeat what `days` chose, in the notes."""
+    chosen = [choice for choice in CHOICES if choice.day in days and choice.key in notes]
+    return [option for choice in chosen for option in choice.options(notes[choice.key])]
+
+
+def without_overridden(carried: list[str], options) -> list[str]:
+    """`carried` less each option that `options` names itself (or switches off with --no-...)."""
+    named = {name for name, _ in option_groups(options)}
+    named |= {"--" + name[len("--no-"):] for name in named if name.startswith("--no-")}
+    return [word for name, values in option_groups(carried) if name not in named for word in (name, *values)]
+
+
+def describe(notes: dict, days) -> list[str]:
+    """One line per day carried: what it chose, or that it saved nothing (and what the script then does)."""
+    lines = []
+    for day in sorted(days):
+        shown = [choice.shown(notes[choice.key]) for choice in CHOICES if choice.day == day and choice.key in notes]
+        if any(choice.day == day and choice.key in notes for choice in CHOICES):
+            lines.append(f"  from Day {day}: {', '.join(s for s in shown if s)}")
+        else:
+            lines.append(f"  from Day {day}: nothing saved yet (run Day {day}'s notebook to choose): "
+                         f"the script's defaults ({DEFAULTS.get(day, 'its own')})")
+    return lines
