@@ -363,6 +363,24 @@ def test_training_curves(runs_dir):
     assert figure.axes[0].get_yscale() == "linear"
 
 
+def test_epoch_times_stack_each_epochs_validation_on_its_training(tmp_path):
+    recorder = RunRecorder({"batch_size": 32}, run_id="1201", runs_dir=tmp_path, script="train_classifier.py")
+    for epoch, (train_s, val_s) in enumerate([(3.0, 1.0), (2.0, 2.0)]):
+        recorder.log("step", step=epoch + 1, epoch=epoch, loss=1.0, acc=0.1, lr=0.1)
+        recorder.log("epoch", epoch=epoch, epoch_time_s=train_s, train_loss=1.0, train_acc=0.1)
+        recorder.log("val", epoch=epoch, step=epoch + 1, val_time_s=val_s, val_loss=1.0, val_acc=0.2)
+    recorder.finish(steps=2, epochs=2)
+    ax = analysis.epoch_times(["1201"], tmp_path).axes[0]
+    training, validation = ax.containers
+    assert [bar.get_height() for bar in training] == [3.0, 2.0]
+    assert [(bar.get_y(), bar.get_height()) for bar in validation] == [(3.0, 1.0), (2.0, 2.0)]
+    assert "validation: 38% of an epoch" in ax.get_title()  # (1/4 + 2/4) / 2
+    test_run = RunRecorder({"batch_size": 32, "test": True}, run_id="1202", runs_dir=tmp_path)
+    test_run.log("step", step=1, epoch=0, loss=1.0, acc=0.1, lr=0.1)
+    test_run.finish(steps=1)
+    assert "no epoch lines" in figure_texts(analysis.epoch_times(["1202"], tmp_path))
+
+
 def test_a_loss_spanning_decades_is_drawn_on_a_log_scale(tmp_path):
     """A first validation loss of 2,400 (BatchNorm statistics of a few steps) would flatten the train loss."""
     recorder = RunRecorder({"batch_size": 32}, run_id="1101", runs_dir=tmp_path, script="train_classifier.py")
@@ -455,7 +473,7 @@ def odd_runs(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("helper", ["dashboard", "training_curves", "memory_vs_batch", "scaling_plot",
+@pytest.mark.parametrize("helper", ["dashboard", "training_curves", "epoch_times", "memory_vs_batch", "scaling_plot",
                                     "compare_runs", "runs_table", "dataloader_trials"])
 @pytest.mark.parametrize("run_id", ["empty-running", "failed-at-start", "garbage", "half-the-ranks", "absent"])
 def test_every_helper_survives_partial_runs(odd_runs, helper, run_id):

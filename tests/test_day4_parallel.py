@@ -81,26 +81,25 @@ def summary(tmp_path, run_id, rank=0):
 
 
 class Runs:
-    """Each named run (and each first-half checkpoint) launched once, whichever test needs it first."""
+    """Each named run launched once, whichever test needs it first. A run of CHECKPOINTED also saves a checkpoint
+    after its step 2 and goes on: it is the uninterrupted run that a resume from that checkpoint must repeat."""
 
     def __init__(self, tmp):
         self.tmp, self.done = tmp, set()
 
-    def get(self, name, extra=()):
+    def get(self, name):
         if name not in self.done:
             options, nproc = RUNS[name]
-            launch(self.tmp, name, COMMON + options + list(extra), nproc=nproc)
+            if name in CHECKPOINTED:
+                options = options + ["--checkpoint-dir", str(self.tmp / "checkpoints" / name), "--checkpoint-step", "2"]
+            launch(self.tmp, name, COMMON + options, nproc=nproc)
             self.done.add(name)
         return name
 
     def checkpoint(self, name) -> Path:
-        """2 steps of `name`, then a checkpoint; a folder that no later run writes to."""
-        folder = self.tmp / "checkpoints" / name
-        if not folder.exists():
-            options, nproc = RUNS[name]
-            launch(self.tmp, f"{name}-first-half", COMMON + options + ["--steps", "2", "--checkpoint-dir", str(folder)],
-                   nproc=nproc)
-        return folder
+        """The checkpoint `name` saved after its step 2; a folder that no later run writes to (resume copies it)."""
+        self.get(name)
+        return self.tmp / "checkpoints" / name
 
     def resume(self, checkpoint: Path, name, run_id, tmp_path):
         """Resume `name` from a copy of `checkpoint` (the resumed run saves again at its end)."""
@@ -234,9 +233,10 @@ CHECKPOINTED = ["single", "ddp", "zero1", "fsdp", "tp-scratch", "tp-dtensor", "f
 
 @pytest.mark.parametrize("name", CHECKPOINTED)
 def test_checkpoint_resume_matches_uninterrupted_run(runs, name, tmp_path):
-    """2 steps + checkpoint, then resume to 4: the same steps 3 and 4 as 4 steps in one go."""
-    runs.get(name)
+    """A checkpoint after step 2, then a resume to step 6: the same steps 3 to 6 as the run that went on."""
     resumed = runs.resume(runs.checkpoint(name), name, f"{name}-resumed", tmp_path)
+    [saved] = [e for e in records(runs.tmp, name, kind="event") if e["event"] == "checkpoint_saved"]
+    assert saved["step"] == 2  # mid-run, and only there
     for rank in range(RUNS[name][1]):
         assert_same_run(steps(runs.tmp, name, rank)[2:], steps(runs.tmp, resumed, rank), rel=1e-5)
     [event] = [e for e in records(runs.tmp, resumed, kind="event") if e["event"] == "resumed"]
@@ -389,6 +389,9 @@ def test_text_corpus_loss_falls(tmp_path):
 def test_bad_inputs_fail_before_starting(tmp_path):
     bad = launch(tmp_path, "bad-config", ["--config", "nope"], check=False)
     assert bad.returncode == 2 and "unknown model config 'nope'" in bad.stderr
+    late = launch(tmp_path, "late-save", ["--steps", "3", "--checkpoint-dir", str(tmp_path / "c"), "--checkpoint-step",
+                                          "4"], check=False)
+    assert late.returncode == 2 and "--checkpoint-step 4: a step from 1 to --steps (3)" in late.stderr
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0"}
     result = subprocess.run([sys.executable, str(SCRIPT), "--mode", "tp", "--runs-dir", str(tmp_path)],
                             env=env, capture_output=True, text=True, timeout=120)

@@ -252,6 +252,7 @@ def figures_and_tables(runs, ids):
     yield "memory_vs_batch host", analysis.memory_vs_batch(loaded, memory="host")
     yield "throughput_vs_batch", analysis.throughput_vs_batch(loaded)
     yield "training_curves", analysis.training_curves(loaded)
+    yield "epoch_times", analysis.epoch_times(loaded)
     yield "overlapping", pd.Series(analysis.overlapping(loaded))
     yield "breakdown_pie", analysis.breakdown_pie([runs / i for i in ids])
     yield "config_value", pd.Series([analysis.config_value(r, "batch_size") for r in loaded])

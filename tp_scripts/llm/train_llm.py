@@ -165,12 +165,16 @@ def train(args, config, dims, env, device, recorder) -> int:
     for step in range(start_step, args.steps):
         loss, norm, splits = train_step(run, step, measure=step == start_step)
         meter.log_step(step, loss, norm, splits)
-    if args.checkpoint_dir:
-        save_checkpoint(args.checkpoint_dir, run.parallel.checkpoint_module, checkpointed(run.optimizer), args.steps,
-                        run.parallel.split_mesh)
-        recorder.log("event", event="checkpoint_saved", step=args.steps, checkpoint_dir=args.checkpoint_dir)
+        if args.checkpoint_dir and step + 1 == (args.checkpoint_step or args.steps):
+            save(run, step + 1)
     meter.finish(start_step)
     return 0
+
+
+def save(run, steps_done: int) -> None:
+    save_checkpoint(run.args.checkpoint_dir, run.parallel.checkpoint_module, checkpointed(run.optimizer), steps_done,
+                    run.parallel.split_mesh)
+    run.recorder.log("event", event="checkpoint_saved", step=steps_done, checkpoint_dir=run.args.checkpoint_dir)
 
 
 def choose_context_parallel_attention(run, mesh) -> str | None:

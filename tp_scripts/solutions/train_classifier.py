@@ -543,9 +543,10 @@ def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: floa
                 throughput_train=images_now / seconds)
         message += f" | train loss {loss_sum / images:.4f} acc {hits / images:.3f}"
     if t.data.val_loader is not None:
+        val_started = time.perf_counter()
         t.val = evaluate(t.raw_model, t.data.val_loader, t.criterion, t.amp_dtype, t.args.channels_last, ins.tick)
         t.best_val_acc = max(t.best_val_acc or 0.0, t.val["val_acc"])
-        ins.log("val", epoch=epoch, step=t.step, **t.val)
+        ins.log("val", epoch=epoch, step=t.step, val_time_s=time.perf_counter() - val_started, **t.val)
         message += f" | val loss {t.val['val_loss']:.4f} acc {t.val['val_acc']:.3f} top5 {t.val['val_acc5']:.3f}"
     t.say(message)
 

@@ -6,7 +6,7 @@ matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame
 """
 from dlokit.analysis.compare import Comparison, compare_runs, fastest_shown
 from dlokit.analysis.compress import compression_plot, compression_table
-from dlokit.analysis.curves import training_curves
+from dlokit.analysis.curves import epoch_times, training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
@@ -32,6 +32,6 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
 __all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
-           "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves",
+           "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",
            "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",
            "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "read_plot", "read_table"]

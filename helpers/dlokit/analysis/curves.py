@@ -1,4 +1,5 @@
-"""training_curves: loss, accuracy and learning rate against optimizer steps, one colour per run."""
+"""training_curves: loss, accuracy and learning rate against optimizer steps, one colour per run;
+epoch_times: where each epoch's wall clock went, training or validation."""
 from __future__ import annotations
 
 import pandas as pd
@@ -53,5 +54,36 @@ def training_curves(runs, runs_dir=None):
             ax.legend(fontsize=7)
     if _spans_decades(loss_ax):  # e.g. a first validation at 2,000 (BatchNorm statistics of a few steps) beside 2.3
         loss_ax.set(yscale="log", title="loss (log scale)")
+    add_notes(figure, notes)
+    return figure
+
+
+def epoch_times(runs, runs_dir=None):
+    """Each epoch's training time and its validation pass, side by side per run (seconds, from the run's
+    "epoch" and "val" lines): what validating every epoch costs."""
+    runs = load_runs(runs, runs_dir)
+    rows = []
+    for run in runs:
+        epochs, vals = run.lines("epoch"), run.lines("val")
+        if epochs.empty or "epoch_time_s" not in epochs:
+            continue
+        val_s = vals.set_index("epoch")["val_time_s"] if "val_time_s" in vals and "epoch" in vals else pd.Series()
+        for epoch, seconds in zip(epochs["epoch"], epochs["epoch_time_s"]):
+            rows.append({"run": run.label, "epoch": int(epoch), "training": seconds, "validation": val_s.get(epoch)})
+    notes = [r.describe_state() for r in runs if r.state != "completed"]
+    if not rows:
+        return message_figure(notes or ["no epoch lines: these runs trained no whole epoch (--test runs)"],
+                              title="training vs validation time")
+    table = pd.DataFrame(rows)
+    figure, axes = new_figure(1, 1, size=(max(6, len(table) * 0.5 + 2), 3.5))
+    ax = axes[0][0]
+    labels = [f"{r.run}\nepoch {r.epoch + 1}" for r in table.itertuples()]
+    ax.bar(labels, table["training"], color="tab:blue", label="training")
+    ax.bar(labels, table["validation"].fillna(0), bottom=table["training"], color="tab:orange", label="validation")
+    share = (table["validation"] / (table["training"] + table["validation"])).mean()
+    ax.set(ylabel="seconds", title="training vs validation time per epoch"
+           + (f" (validation: {share:.0%} of an epoch on average)" if share == share else " (no validation timed)"))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure

@@ -50,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--grad-norm", action="store_true", help="log the global gradient norm every step")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the summary's means")
     p.add_argument("--checkpoint-dir", default=None, help="save a sharded checkpoint there at the end")
+    p.add_argument("--checkpoint-step", type=int, default=None,
+                   help="save it after this step instead (the run goes on to --steps) [default: the last step]")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint-dir")
     p.add_argument("--memory-limit", type=float, default=None, metavar="MB",
                    help="memory for this rank's tensors, as a device of that size would give (device_memory.py)")
@@ -97,8 +99,10 @@ def plan_degrees(args, config, world: int) -> ParallelDims:
         raise ArgumentsError(f"--cpu-offload is FSDP's: use it with {', '.join(fsdp_modes)}")
     if args.batch_size % dims.dp:
         raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by the data-parallel degree {dims.dp}")
-    if args.resume and not args.checkpoint_dir:
-        raise ArgumentsError("--resume needs --checkpoint-dir")
+    if (args.resume or args.checkpoint_step is not None) and not args.checkpoint_dir:
+        raise ArgumentsError(f"{'--resume' if args.resume else '--checkpoint-step'} needs --checkpoint-dir")
+    if args.checkpoint_step is not None and not 1 <= args.checkpoint_step <= args.steps:
+        raise ArgumentsError(f"--checkpoint-step {args.checkpoint_step}: a step from 1 to --steps ({args.steps})")
     if args.resume and not (Path(args.checkpoint_dir) / ".metadata").exists():
         raise ArgumentsError(f"--resume: no checkpoint in {args.checkpoint_dir} (no .metadata file): check the folder, "
                              "or leave --resume out to start from step 0")
