@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dlokit import analysis
 from dlokit.in_job import jobenv
 from dlokit.in_job.runrecord import read_rank
 from tp_imports import common, load_script  # noqa: E402
@@ -76,6 +77,15 @@ def test_compiled_function_agrees_with_eager_and_its_compile_time_is_recorded_ap
     assert compiled["agrees"] is True and compiled["max_abs_diff"] < 1e-5 and compiled["reference"] == "eager"
     # the first call generated and built the kernels (or loaded them from the cache): slower than a steady call
     assert compiled["t_first"] > compiled["t_step"]
+
+
+def test_a_trace_replays_the_branch_of_its_example_and_a_script_keeps_the_if(tmp_path):
+    bench(tmp_path, "branch", *SMALL_FUNCTION, "--variants", "eager")
+    table = analysis.control_flow_table("branch", tmp_path).set_index("variant")
+    assert table.loc["trace", "same_as_eager_on_example"] and not table.loc["trace", "same_as_eager_on_other_branch"]
+    assert table.loc["script", "same_as_eager_on_example"] and table.loc["script", "same_as_eager_on_other_branch"]
+    summary = read_rank(tmp_path / "branch" / "rank0")["summary"]
+    assert [line["variant"] for line in summary["control_flow"]] == ["trace", "script"]
 
 
 @pytest.mark.slow

@@ -4,11 +4,14 @@
     python compile_bench.py --parts function --variants eager,compile-default,numpy,numpy-compile
     torchrun --nproc_per_node=2 compile_bench.py --parts model    (compile + DDP: DDP wraps the model, compile wraps DDP)
 
-The job of TP3.3 (Day 3). Two parts:
+The job of TP3.3 (Day 3). Two timed parts, and TorchScript's control-flow pitfall:
 - model: training steps (forward, loss, backward, SGD step) of a torchvision model on fixed random batches;
   every variant starts from the same weights and sees the same batches, so its losses can be compared with eager's;
 - function: a NumPy-style chain of elementwise operations and row reductions (GELU, then softmax) on a big
-  tensor: eager runs one kernel per operation, each reading and writing the whole tensor; a compiler fuses them.
+  tensor: eager runs one kernel per operation, each reading and writing the whole tensor; a compiler fuses them;
+- control flow (always, in a blink): a function that branches on its data, traced and scripted on an example that
+  takes one branch, then called on data that takes the other: a trace replays the branch it saw (`control_flow`
+  lines in metrics.jsonl), a script keeps the `if`.
 
 Per variant, the first calls (tracing, compiling, TorchScript's profiling runs) are timed apart from the steady
 state (the median of the timed calls after warm-up). One `compile_result` line per part and variant goes to
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
         results += bench_model(args, variants, device, env.world_size, compiler_problem, record, say)
     if "function" in args.parts:
         results += bench_function(args, variants, device, compiler_problem, record, say)
-    record.finish(results=results, compile_unavailable=compiler_problem, inductor_cache_dir=inductor_cache_dir(),
+    control_flow = trace_pitfall(record, say)
+    record.finish(results=results, control_flow=control_flow, compile_unavailable=compiler_problem, inductor_cache_dir=inductor_cache_dir(),
                   world_size=env.world_size, ddp=env.world_size > 1, compiler_startup_s=startup)
     job.destroy_process_group()
     return 0
@@ -362,6 +366,33 @@ def train_step(model, optimizer, images, labels) -> float:
     loss.backward()
     optimizer.step()
     return loss.item()  # waits for the step: the next one starts from here
+
+
+# ---- TorchScript's pitfall: a trace keeps one branch ----------------------------------------------------
+
+def double_or_shift(x: torch.Tensor) -> torch.Tensor:
+    """A branch on the data: doubled when the sum is positive, shifted down by one otherwise."""
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+def trace_pitfall(record, say) -> list[dict]:
+    """Trace and script double_or_shift on a positive example, then call both on a negative input too: does
+    each still give eager's answer? (torch.jit.trace only warns, with a TracerWarning, that it froze the branch.)"""
+    example, other = torch.ones(3), torch.full((3,), -3.0)  # eager: 2s, then -4s (a trace replays x * 2: -6s)
+    lines = []
+    for variant in ("trace", "script"):
+        fn = make_variant(variant, double_or_shift, example)
+        line = {"variant": variant, "example_branch": "x.sum() > 0",
+                "same_as_eager_on_example": torch.equal(fn(example), double_or_shift(example)),
+                "same_as_eager_on_other_branch": torch.equal(fn(other), double_or_shift(other))}
+        record.log("control_flow", **line)
+        lines.append(line)
+        say(f"control flow {variant:6s}: eager's answer on the branch of its example "
+            f"{'yes' if line['same_as_eager_on_example'] else 'NO'}, on the other branch "
+            f"{'yes' if line['same_as_eager_on_other_branch'] else 'NO'}")
+    return lines
 
 
 # ---- part 2: a NumPy-style function -------------------------------------------------------------------

@@ -16,6 +16,15 @@ COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup"
 READ_COLUMNS = ("format", "num_workers", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch", "pixel_sum")
 
 
+CONTROL_FLOW_COLUMNS = ("variant", "example_branch", "same_as_eager_on_example", "same_as_eager_on_other_branch")
+
+
+def control_flow_table(job_id, runs_dir=None) -> pd.DataFrame:
+    """TorchScript's pitfall, as compile_bench.py measured it: per variant (trace, script), whether it still
+    gives eager's answer on the branch of its example and on the other branch."""
+    return _lines(job_id, "control_flow", CONTROL_FLOW_COLUMNS, runs_dir)
+
+
 def _lines(job_id, kind: str, columns, runs_dir=None) -> pd.DataFrame:
     lines = load_run(job_id, runs_dir).lines(kind)
     return lines[[c for c in columns if c in lines]].reset_index(drop=True)
