@@ -223,6 +223,22 @@ def test_memory_views_put_model_and_measurement_side_by_side(runs_dir):
     assert any("missing-run" in t.get_text() for t in figure.texts)
 
 
+def test_every_ranks_memory_is_shown_not_only_the_busiest(runs_dir):
+    from dlokit.analysis.llm_memory import rank_memory_plot, rank_memory_table
+
+    table = rank_memory_table(["ddp", "zero1", "fsdp"], runs_dir)
+    assert list(zip(table["run_id"], table["rank"])) == [(r, k) for r in ("ddp", "zero1", "fsdp") for k in (0, 1)]
+    by = table.set_index(["run_id", "rank"])
+    assert by.loc[("ddp", 0), "optimizer"] == by.loc[("ddp", 1), "optimizer"]  # replicas hold the same
+    for rank in (0, 1):  # ZeRO-1: each rank keeps the optimizer states of its partition only
+        assert by.loc[("zero1", rank), "optimizer"] < 0.75 * by.loc[("ddp", rank), "optimizer"]
+    assert by.loc[("zero1", 0), "optimizer"] + by.loc[("zero1", 1), "optimizer"] == pytest.approx(
+        by.loc[("ddp", 0), "optimizer"], rel=0.01)
+    figure = rank_memory_plot(["ddp", "zero1", "fsdp", "missing-run"], runs_dir)
+    assert len(figure.axes[0].patches) == 3 * 2 * 5  # runs x ranks x categories
+    assert any("missing-run" in t.get_text() for t in figure.texts)
+
+
 def test_loss_match_view_against_the_single_process(runs_dir):
     from dlokit.analysis.loss_match import loss_match_table, loss_overlay
 

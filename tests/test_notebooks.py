@@ -132,7 +132,8 @@ STUDENT_PROBE = """
 import json
 print("DLOKIT_PROBE " + json.dumps({{"profile": profile.name, {extra}}}))
 """
-DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"}
+DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.3 what SyncBatchNorm computes",
+               "TP2.4 augmentation on the device"}
 
 
 # The local notebooks take turns for this machine's CPU (device locks): on one pytest worker, one after
@@ -218,6 +219,7 @@ def test_day2_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_check
     found = by_check(results)
     for name in ("TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"):
         assert found[name]["status"] == "failed", found[name]
+    assert "TODO TP2.3" in found["TP2.3 what SyncBatchNorm computes"]["message"]
     # the scaling cell refuses the untouched script's 2-task run (srun) instead of plotting a false speed-up
     assert "without DistributedDataParallel" in executed.read_text()
 

@@ -6,6 +6,7 @@ matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame
 """
 from dlokit.analysis.compare import Comparison, compare_runs, fastest_shown
 from dlokit.analysis.compress import compression_plot, compression_table
+from dlokit.analysis.batchnorm import bn_statistics_plot, bn_statistics_table
 from dlokit.analysis.curves import epoch_times, training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
@@ -34,4 +35,4 @@ __all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "Sca
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",
            "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",
-           "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "control_flow_table", "read_plot", "read_table"]
+           "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "control_flow_table", "bn_statistics_plot", "bn_statistics_table", "read_plot", "read_table"]

@@ -2,6 +2,7 @@
 
     memory_comparison(["1234", "1235", ...])   # one row per run and source (modelled, measured), MiB
     memory_plot(["1234", "1235", ...])         # per run: a modelled and a measured bar, stacked by category
+    rank_memory_plot(["1234", "1235", ...])    # per run: a measured bar for every rank (pipeline stages differ)
 
 train_llm.py measures each rank's parameters, gradients, optimizer states and peak saved activations
 from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/common/memory_meter.py); the busiest
@@ -38,15 +39,21 @@ def mode_label(run) -> str:
     return f"{label} ×{run.world_size}" if run.world_size > 1 else label
 
 
-def _measured(run) -> dict | None:
-    """The busiest rank's memory_bytes (largest total), in the view's categories."""
-    found = []
-    for rank in run.ranks.values():
-        memory = (rank.get("summary") or {}).get("memory_bytes")
+def _per_rank(run) -> dict:
+    """{rank: memory_bytes in the view's categories}, for the ranks that measured theirs."""
+    found = {}
+    for rank, record in sorted(run.ranks.items()):
+        memory = (record.get("summary") or {}).get("memory_bytes")
         if isinstance(memory, dict) and memory.get("params") is not None:
             row = {"params": memory.get("params"), "grads": memory.get("grads"), "optimizer": memory.get("optimizer"),
                    "activations": memory.get("activations_peak"), "gathered": memory.get("gathered_params_peak")}
-            found.append({k: float(v or 0) for k, v in row.items()})
+            found[rank] = {k: float(v or 0) for k, v in row.items()}
+    return found
+
+
+def _measured(run) -> dict | None:
+    """The busiest rank's memory_bytes (largest total), in the view's categories."""
+    found = list(_per_rank(run).values())
     return max(found, key=lambda row: sum(row.values())) if found else None
 
 
@@ -137,3 +144,45 @@ def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int
                            optimizer="adamw").total / MIB for zero in (0, 3)}
     ddp = need[0] + 4 * params_on_rank(config) / MIB
     return {"ddp_mb": ddp, "fsdp_mb": need[3], "limit_mb": round((ddp * need[3]) ** 0.5)}
+
+
+def rank_memory_table(runs, runs_dir=None) -> pd.DataFrame:
+    """One row per run and rank: what that rank measured holding, MiB by category, and its total."""
+    rows = []
+    for run in load_runs(runs, runs_dir):
+        for rank, values in _per_rank(run).items():
+            row = {"run_id": run.run_id, "mode": mode_label(run), "rank": rank,
+                   **{c: values[c] / MIB for c in CATEGORIES}}
+            rows.append({**row, "total": sum(row[c] for c in CATEGORIES)})
+    return pd.DataFrame(rows, columns=["run_id", "mode", "rank", *CATEGORIES, "total"])
+
+
+def rank_memory_plot(runs, runs_dir=None):
+    """A bar per rank, grouped by run, stacked by category: every rank, not only the busiest (the stages of a
+    pipeline, the partitions of ZeRO, the shards of FSDP hold different amounts)."""
+    runs = load_runs(runs, runs_dir)
+    table = rank_memory_table(runs)
+    notes = [f"run {run.run_id}: {run.state}, no memory measured" for run in runs
+             if run.run_id not in set(table["run_id"])]
+    if table.empty:
+        return message_figure(notes or ["no runs"], title="memory of every rank")
+    figure, axes = new_figure(size=(max(6.0, 0.45 * len(table) + 3), 4.5))
+    ax = axes[0, 0]
+    positions, names, x = [], [], 0.0
+    for group, (run_id, rows) in enumerate(table.groupby("run_id", sort=False)):
+        for row in rows.itertuples():
+            bottom = 0.0
+            for category in CATEGORIES:
+                value = getattr(row, category)
+                ax.bar(x, value, 0.8, bottom=bottom, color=COLORS[category], edgecolor="white",
+                       label=LABELS[category] if not positions else None)
+                bottom += value
+            positions.append(x)
+            names.append(f"r{row.rank}" + (f"\n{row.mode}\n{run_id}" if row.rank == rows["rank"].iloc[0] else ""))
+            x += 1.0
+        x += 0.8  # a gap between runs
+    ax.set_xticks(positions, names, fontsize=7)
+    ax.set(ylabel="MiB (measured)", title="memory of every rank, by what it holds")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    add_notes(figure, notes)
+    return figure

@@ -1,11 +1,11 @@
-"""Day 2 checks: the DataLoader (TP2.1), data parallelism (TP2.2), SyncBatchNorm (TP2.3), augmentation
-on the device (TP2.4); and what a DDP trace says about the collectives."""
+"""Day 2 checks: the DataLoader (TP2.1), data parallelism (TP2.2), SyncBatchNorm and what it computes (TP2.3),
+augmentation on the device (TP2.4); and what a DDP trace says about the collectives."""
 from __future__ import annotations
 
 import math
 
 from .framework import FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import compare_text, effect_part, hardware_words, load_completed, observed, on_gpu
+from .records import compare_text, effect_part, hardware_words, load, load_completed, observed, on_gpu
 
 BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
 
@@ -122,6 +122,32 @@ def sync_bn(job_ids):
         return failed(f"run(s) {', '.join(bad)} asked for --sync-bn but kept plain BatchNorm: convert with "
                       "nn.SyncBatchNorm.convert_sync_batchnorm before wrapping in DDP", details)
     return passed("BatchNorm layers are what each run asked for", details)
+
+
+GLOBAL_STATISTICS_TOLERANCE = 1e-4  # float32 sums of a few thousand values: ~1e-7 apart; a rank's own batch: ~0.5
+
+
+@check("TP2.3 what SyncBatchNorm computes")
+def bn_statistics(job_id):
+    """bn_statistics.py on several ranks: every rank's synchronised mean and variance are the whole batch's (rank 0
+    computes those in one piece), while its own batch's differ from them."""
+    run, problem = load(job_id)
+    if problem:
+        return failed(problem)
+    apart = run.summary.get("largest_difference") or {}
+    synced, own = apart.get("synced_vs_whole"), apart.get("local_vs_whole")
+    details = [f"run {run.run_id}: {run.world_size} ranks; largest difference from the whole batch's statistics: "
+               f"synchronised {synced}, each rank's own {own}"]
+    if run.world_size < 2:
+        return not_applicable("one process: its batch is the global batch, there is nothing to synchronise; run it "
+                              "on 2 or more", details)
+    if synced is None or own is None:
+        return failed(f"run {run.run_id} recorded no comparison with the whole batch (rank 0's summary)", details)
+    if synced > GLOBAL_STATISTICS_TOLERANCE:
+        return failed(f"the synchronised statistics are {synced:.2g} away from the global batch's (each rank's own: "
+                      f"{own:.2g}): add up every rank's counts and sums with one all-reduce (TODO TP2.3)", details)
+    return passed(f"every rank normalises with the global batch's statistics ({synced:.1e} apart), not its own "
+                  f"({own:.2g} apart): what SyncBatchNorm's extra collective buys", details)
 
 
 def _asked_augmentations(run) -> list[str]:
