@@ -239,7 +239,9 @@ def test_fastest_shown_keeps_the_largest_gain_that_agrees():
     assert analysis.fastest_shown(verdicts, default="fp32") == (
         "bf16", "its gain over fp32 is the largest this machine showed")  # fp16's larger ratio is within noise
     assert analysis.fastest_shown({"fp16": judged(1.9, 0.8, 3.0)}, default="fp32") == (
-        "fp32", "no mode showed a gain over fp32 here")
+        "fp32", "fp16 showed no gain over fp32 here")
+    assert analysis.fastest_shown({k: judged(1.0, 0.8, 1.2) for k in ("tf32", "bf16")}, default="fp32") == (
+        "fp32", "none of tf32, bf16 showed a gain over fp32 here")
 
 
 def test_dataloader_trials_sorted_by_load_time(loader_runs):

@@ -142,6 +142,8 @@ def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
     {arm: lessons.Verdict} that agree with their lesson; `default` when none did."""
     shown = {arm: v.estimate.value for arm, v in verdicts.items() if v.outcome == stats.AGREES}
     if not shown:
-        return default, f"no mode showed a gain over {default} here"
+        arms = list(verdicts)
+        said = f"{arms[0]} showed no gain" if len(arms) == 1 else f"none of {', '.join(arms)} showed a gain"
+        return default, f"{said} over {default} here"
     best = max(shown, key=shown.get)
     return best, f"its gain over {default} is the largest this machine showed"

@@ -69,20 +69,25 @@ def epoch_times(runs, runs_dir=None):
             continue
         val_s = vals.set_index("epoch")["val_time_s"] if "val_time_s" in vals and "epoch" in vals else pd.Series()
         for epoch, seconds in zip(epochs["epoch"], epochs["epoch_time_s"]):
-            rows.append({"run": run.label, "epoch": int(epoch), "training": seconds, "validation": val_s.get(epoch)})
+            rows.append({"run": run.run_id, "ranks": run.world_size, "epoch": int(epoch), "training": seconds,
+                         "validation": val_s.get(epoch)})
     notes = [r.describe_state() for r in runs if r.state != "completed"]
     if not rows:
         return message_figure(notes or ["no epoch lines: these runs trained no whole epoch (--test runs)"],
                               title="training vs validation time")
     table = pd.DataFrame(rows)
-    figure, axes = new_figure(1, 1, size=(max(6, len(table) * 0.5 + 2), 3.5))
+    figure, axes = new_figure(1, 1, size=(max(6, len(table) * 0.9 + 2), 3.8))
     ax = axes[0][0]
-    labels = [f"{r.run}\nepoch {r.epoch + 1}" for r in table.itertuples()]
-    ax.bar(labels, table["training"], color="tab:blue", label="training")
-    ax.bar(labels, table["validation"].fillna(0), bottom=table["training"], color="tab:orange", label="validation")
+    first = ~table["run"].duplicated()  # the run is named under its first epoch only
+    labels = [f"epoch {r.epoch + 1}" + (f"\n{r.run}\n{r.ranks} rank{'s' if r.ranks > 1 else ''}" if head else "")
+              for r, head in zip(table.itertuples(), first)]
+    at = range(len(table))  # by position: the runs' epochs share their labels ("epoch 2")
+    ax.bar(at, table["training"], color="tab:blue", label="training")
+    ax.bar(at, table["validation"].fillna(0), bottom=table["training"], color="tab:orange", label="validation")
+    ax.set_xticks(list(at), labels)
     share = (table["validation"] / (table["training"] + table["validation"])).mean()
     ax.set(ylabel="seconds", title="training vs validation time per epoch"
-           + (f" (validation: {share:.0%} of an epoch on average)" if share == share else " (no validation timed)"))
+           + (f"\nvalidation: {share:.0%} of an epoch on average" if share == share else "\nno validation timed"))
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=8)
     add_notes(figure, notes)
