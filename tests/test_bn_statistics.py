@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import dlokit
 from dlokit import analysis, checks
 from dlokit.checks.day2 import bn_statistics
 from ranks import run_ranks  # noqa: E402
@@ -27,8 +28,9 @@ def run(tmp_path, script: Path, run_id: str, nproc: int = 2):
 
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
+    """The checks read the current profile's runs folder: the local profile's, pointed here."""
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path))
-    monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
+    dlokit.use_profile("local")  # an earlier test of this worker may have chosen another profile
     return tmp_path
 
 

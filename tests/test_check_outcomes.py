@@ -84,6 +84,17 @@ def runs(tmp_path, monkeypatch):
     return folder
 
 
+def write_bn_statistics(runs, run_id, *, synced, own=0.55, world_size=2):
+    """bn_statistics.py's record: rank 0's largest difference of the synchronised and the own statistics from the
+    whole batch's (the other ranks record no comparison)."""
+    for rank in range(world_size):
+        recorder = RunRecorder({"channels": 4, "batch": 8}, rank=rank, world_size=world_size, run_id=run_id,
+                               runs_dir=runs, script="bn_statistics.py")
+        recorder.finish(**({"largest_difference": {"synced_vs_whole": synced, "local_vs_whole": own}}
+                           if rank == 0 else {}))
+    return run_id
+
+
 @pytest.fixture
 def cpu_records(runs):
     write(runs, "base", observed={**SOLUTION, "amp_dtype": "float32", "channels_last_input": False,
@@ -94,6 +105,8 @@ def cpu_records(runs):
     write(runs, "sol-ddp", observed=SOLUTION, world_size=2)
     write(runs, "stu", observed=STUDENT, compute=101.0, t_data=0.05)
     write(runs, "stu-ddp", observed=STUDENT, world_size=2)
+    write_bn_statistics(runs, "bn-sol", synced=1.2e-7)
+    write_bn_statistics(runs, "bn-stu", synced=0.55)  # no all-reduce: each rank's own statistics
     return runs
 
 
@@ -101,7 +114,8 @@ def test_solution_like_records_on_a_cpu_pass_or_are_not_applicable(cpu_records):
     results = [checks.completed("sol"), checks.on_device(["base", "sol"]), checks.amp("base", ["sol"]),
                checks.tf32("base", ["sol"]), checks.channels_last(["sol"], baseline_id="base"),
                checks.profiler(["sol"]), checks.dataloader("base", "sol"), checks.ddp(["sol", "sol-ddp"], world_size=2),
-               checks.sync_bn(["sol-ddp"]), checks.augmentation(["sol"], baseline_id="base")]
+               checks.sync_bn(["sol-ddp"]), checks.bn_statistics("bn-sol"),
+               checks.augmentation(["sol"], baseline_id="base")]
     for result in results:
         assert result.status in (checks.PASSED, checks.NOT_APPLICABLE), result
         assert result.passed  # `passed` means "not failed": ✅ or ➖
@@ -144,6 +158,7 @@ def test_student_like_records_fail_every_tp_with_a_todo(cpu_records):
         "TP1.4 profiler trace": (checks.profiler(["stu"]), "TODO TP1.4"),
         "TP2.1 DataLoader tuned": (checks.dataloader("base", "stu"), "TODO TP2.1"),
         "TP2.2 data parallelism": (checks.ddp(["stu-ddp"], world_size=2), "TODO TP2.2"),
+        "TP2.3 what SyncBatchNorm computes": (checks.bn_statistics("bn-stu"), "TODO TP2.3"),
         "TP2.4 augmentation on the device": (checks.augmentation(["stu"]), "TODO TP2.4"),
     }
     for name, (result, words) in expected.items():
