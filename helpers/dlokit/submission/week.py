@@ -70,8 +70,9 @@ def describe(notes: dict, days) -> list[str]:
     """One line per day carried: what it chose, or that it saved nothing (and what the script then does)."""
     lines = []
     for day in sorted(days):
-        shown = [choice.shown(notes[choice.key]) for choice in CHOICES if choice.day == day and choice.key in notes]
-        if any(choice.day == day and choice.key in notes for choice in CHOICES):
+        saved = [choice for choice in CHOICES if choice.day == day and choice.key in notes]
+        if saved:
+            shown = [choice.shown(notes[choice.key]) for choice in saved]
             lines.append(f"  from Day {day}: {', '.join(s for s in shown if s)}")
         else:
             lines.append(f"  from Day {day}: nothing saved yet (run Day {day}'s notebook to choose): "
