@@ -24,6 +24,11 @@ FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_sch
 FLAGS = ("tf32", "channels_last", "pin_memory", "non_blocking", "persistent_workers")  # --x or --no-x
 
 
+def option_of(field: str) -> str:
+    """The script's option for a form field: 'channels_last' -> '--channels-last'."""
+    return "--" + field.replace("_", "-")
+
+
 def options_module(script: str | Path):
     """common/train_options.py of a training script's folder (yours, or the solution's)."""
     return common_module(Path(script).parent, "train_options")
@@ -64,8 +69,7 @@ def race_options(parser: argparse.ArgumentParser, *, image_size: int, batch_size
         if name not in FLAGS:
             raise TypeError(f"race_options: unknown choice {name!r}")
         if value is not None:
-            option = "--" + name.replace("_", "-")
-            options.append(option if value else "--no-" + option[2:])
+            options.append(option_of(name) if value else option_of("no_" + name))
     if int(batch_size) < 2 or int(image_size) < 32:
         raise ValueError("batch size must be at least 2 (BatchNorm) and image size at least 32 px")
     if not float(lr) > 0 or float(weight_decay) < 0:
@@ -91,14 +95,15 @@ class RaceForm:
         self.parser = parser
         style = {"description_width": "150px"}
         optimizers, schedules = choices(parser, "--optimizer"), choices(parser, "--lr-schedule")
+        precisions = choices(parser, "--amp")
         week = dict(option_groups(carried))  # what the earlier days chose: the start of the precision and loader fields
 
         def chosen(option, fallback):
             return week[option][0] if week.get(option) else default(parser, option, fallback)
 
         def flag(name, description):
-            return widgets.Checkbox(value=f"--{name.replace('_', '-')}" in week, description=description, style=style,
-                                    disabled=_action(parser, f"--{name.replace('_', '-')}") is None)
+            return widgets.Checkbox(value=option_of(name) in week, description=description, style=style,
+                                    disabled=_action(parser, option_of(name)) is None)
         self.fields = {
             "image_size": widgets.BoundedIntText(value=image_size, min=32, max=1024, step=16,
                                                  description="image size (px)", style=style),
@@ -114,8 +119,8 @@ class RaceForm:
                                             description="LR schedule", style=style, disabled=not schedules),
             "augment": widgets.SelectMultiple(options=list(augmentations), value=["none"],
                                               description="augmentation", style=style),
-            "amp": widgets.Dropdown(options=choices(parser, "--amp") or ["none"], value=chosen("--amp", "none"),
-                                    description="mixed precision", style=style, disabled=not choices(parser, "--amp")),
+            "amp": widgets.Dropdown(options=precisions or ["none"], value=chosen("--amp", "none"),
+                                    description="mixed precision", style=style, disabled=not precisions),
             "tf32": flag("tf32", "TF32 (GPU)"),
             "channels_last": flag("channels_last", "channels_last"),
             "num_workers": widgets.BoundedIntText(value=int(chosen("--num-workers", 0)), min=0, max=64,
@@ -126,9 +131,8 @@ class RaceForm:
                                                       description="prefetch factor", style=style),
             "persistent_workers": flag("persistent_workers", "persistent workers"),
         }
-        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules),
-                     "amp": bool(choices(parser, "--amp")),
-                     **{name: _action(parser, f"--{name.replace('_', '-')}") is not None
+        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules), "amp": bool(precisions),
+                     **{name: _action(parser, option_of(name)) is not None
                         for name in ("num_workers", "prefetch_factor", *FLAGS)}}
         self.message = widgets.HTML()
         self.box = widgets.VBox([*self.fields.values(), self.message])
