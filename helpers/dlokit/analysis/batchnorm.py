@@ -30,8 +30,8 @@ def bn_statistics_table(job_id, runs_dir=None) -> pd.DataFrame:
 
 
 def bn_statistics_plot(job_id, runs_dir=None):
-    table = bn_statistics_table(job_id, runs_dir)
-    state = load_run(job_id, runs_dir).describe_state()
+    run = load_run(job_id, runs_dir)
+    table, state = bn_statistics_table(run), run.describe_state()
     if table.empty:
         return message_figure([state, "no bn_statistics line in its record"], title="BatchNorm's mean per channel")
     figure, axes = new_figure(1, 1, size=(7, 3.5))
@@ -48,5 +48,5 @@ def bn_statistics_plot(job_id, runs_dir=None):
     ax.set(xlabel="channel", ylabel="mean", xticks=sorted(table["channel"].unique()),
            title="BatchNorm's mean per channel: each rank's own vs synchronised")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    add_notes(figure, [] if load_run(job_id, runs_dir).state == "completed" else [state])
+    add_notes(figure, [] if run.state == "completed" else [state])
     return figure
