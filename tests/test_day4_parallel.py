@@ -199,6 +199,7 @@ def test_context_parallel_ranks_read_the_same_batch(runs, reference):
     tmp, expected = reference
     runs.get("cp")
     assert summary(tmp, "cp")["status"] == "completed"
+    assert summary(tmp, "cp")["cp_attention"] == "ring"  # on the CPU, --cp-attention auto is the ring
     assert_same_run(expected, steps(tmp, "cp", 1), rel=1e-4)
 
 

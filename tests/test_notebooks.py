@@ -39,9 +39,11 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "EPOCH
              "COMPILE_PARTS": "function", "COMPILE_MODES": ["default"], "COMPILE_BATCH": 4, "COMPILE_STEPS": 3,
              "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "REFRESH_S": 1,
              "NICKNAME": "nbtest"}
-DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 64,
-             "LOSS_MODES": ["ddp", "zero1", "fsdp", "tp-scratch", "pp", "cp"], "COMPRESS_STEPS": 10,
-             "COMPRESS_SPARSITIES": [0.5], "REFRESH_S": 1, "NICKNAME": "nbtest"}
+# TP4.1's layouts without fsdp-keep, and TP4.6 on those plus a pipeline: what each mode computes against one
+# process is tests/test_day4_parallel.py's (every mode); here the notebook's path through the check and the views.
+DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
+             "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
+             "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "REFRESH_S": 1, "NICKNAME": "nbtest"}
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1}
 
 DAY1_PROBE = """
