@@ -28,7 +28,8 @@ apt_install() {  # install Debian packages that are missing (needs root, as in C
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-[ "$with_slurm" = 1 ] && apt_install slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+# environment-modules: the `module` command of a cluster's login node and nodes (tests/test_doctor.py loads one)
+[ "$with_slurm" = 1 ] && apt_install slurmctld slurmd slurm-client slurmdbd munge mariadb-server environment-modules
 [ "$with_browser" = 1 ] && apt_install chromium
 # torch.compile on the CPU builds its kernels with a C++ compiler (Day 3); without one those cells say they skip
 if ! command -v "${CXX:-g++}" >/dev/null; then

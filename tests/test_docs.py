@@ -56,3 +56,11 @@ def test_architecture_names_every_training_script_module_once():
         folders = sorted(p.name for p in (REPO / folder).iterdir() if p.is_dir() and not p.name.startswith("__"))
         assert folders == (["common", "llm", "solutions"] if folder == "tp_scripts/" else ["common", "solutions"])
         assert (REPO / folder / "solutions" / "common").resolve() == (REPO / folder / "common").resolve()
+
+
+def test_instructors_page_says_what_every_doctor_check_proves():
+    from dlokit.doctor.report import CHECKS
+
+    page = (REPO / "docs" / "instructors.md").read_text()
+    for check, proves in CHECKS.items():
+        assert f"| {check} | {proves} |" in page, check

@@ -5,6 +5,7 @@
     dlokit submit --n-gpu 2 --name alice train_classifier.py --test
     dlokit queue --name alice
     dlokit outcome 1234
+    dlokit doctor --profile local-slurm        # before class: every path the course takes, checked on the site
 """
 from __future__ import annotations
 
@@ -36,8 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     queue.add_argument("--name")
     outcome = sub.add_parser("outcome", help="how a job ended, with the cause of a failure")
     outcome.add_argument("job_id")
+    doctor = sub.add_parser("doctor", help="submit tiny jobs through a profile and say what works there")
+    doctor.add_argument("--profile", help="profile name (default: $DLOKIT_PROFILE or 'local')")
+    doctor.add_argument("--account", help="Slurm account, for profiles that need one")
+    doctor.add_argument("--gpus", type=int, default=2, help="tasks of the multi-task checks (default 2)")
+    doctor.add_argument("--data", default="", help="the data set folder the notebooks will read (DATA); "
+                        "default: check that the generated one can be written")
     args = parser.parse_args(argv)
 
+    if args.verb == "doctor":
+        from .doctor import run
+
+        if args.gpus < 2:
+            parser.error("--gpus must be at least 2: the check is that tasks reach each other")
+        return run(args.profile, gpus=args.gpus, account=args.account, data=args.data)
     try:
         if args.verb == "profiles":
             for name, table in sorted(profiles.load_profiles().items()):
