@@ -205,6 +205,23 @@ def test_untouched_zero1_todo_keeps_every_optimizer_state(tmp_path, runs_dir):
     assert "TODO TP4.1" in STUDENT.read_text() and "ZeroRedundancyOptimizer(" not in STUDENT.read_text()
 
 
+def test_untouched_fsdp_todo_keeps_the_whole_model_and_fails_its_check(runs_dir, monkeypatch):
+    """The generated parallel_fsdp.py shards nothing (TODO TP4.2): each rank keeps every weight. The check the
+    notebook makes fails it, naming the TODO, and passes the solution's run."""
+    import dlokit
+    from dlokit import checks
+
+    launch(runs_dir, "student-fsdp", COMMON + RUNS["fsdp"], script=STUDENT)
+    for rank in (0, 1):
+        assert memory(runs_dir, "student-fsdp", rank)["params"] == memory(runs_dir, "single")["params"]
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(runs_dir))
+    dlokit.use_profile("local")
+    assert checks.fsdp_sharding("fsdp", "single").status == "passed"
+    result = checks.fsdp_sharding("student-fsdp", "single")
+    assert result.status == "failed" and "TODO TP4.2" in result.message, result.message
+    assert "TODO TP4.2" in (STUDENT.parent / "parallel_fsdp.py").read_text()
+
+
 # ---- the views ----
 
 def test_memory_views_put_model_and_measurement_side_by_side(runs_dir):
@@ -237,6 +254,28 @@ def test_every_ranks_memory_is_shown_not_only_the_busiest(runs_dir):
     figure = rank_memory_plot(["ddp", "zero1", "fsdp", "missing-run"], runs_dir)
     assert len(figure.axes[0].patches) == 3 * 2 * 5  # runs x ranks x categories
     assert any("missing-run" in t.get_text() for t in figure.texts)
+
+
+def test_each_ranks_collectives_of_a_step_are_drawn(runs_dir):
+    """The traffic view reads every rank's collectives_per_step: each FSDP2 rank reduce-scatters all the gradients
+    (its input is the whole gradient) and hands half the weights to each round of all-gathers; DDP's ranks all-reduce
+    them all."""
+    from dlokit.analysis.step_traffic import traffic_plot, traffic_table
+
+    whole = memory(runs_dir, "single")["params"] / 2**20
+    table = traffic_table(["single", "ddp", "fsdp", "fsdp-no-reshard"], runs_dir)
+    by = table.set_index(["run_id", "rank", "collective"])
+    for rank in (0, 1):
+        assert by.loc[("ddp", rank, "allreduce"), "MiB"] == pytest.approx(whole)
+        assert by.loc[("fsdp", rank, "reduce_scatter"), "MiB"] == pytest.approx(whole)
+        assert by.loc[("fsdp", rank, "allgather"), "calls"] == 2 * by.loc[("fsdp-no-reshard", rank, "allgather"), "calls"] - 1
+        assert by.loc[("fsdp-no-reshard", rank, "allgather"), "MiB"] == pytest.approx(whole / 2)
+    assert "single" not in set(table["run_id"])  # one process hands nothing over
+    figure = traffic_plot(["single", "ddp", "fsdp", "fsdp-no-reshard"], runs_dir)
+    assert len(figure.axes[0].get_xticks()) == 3 * 2  # a bar per rank of each run with collectives
+    # stacked by collective: DDP all-reduces and broadcasts its buffers (the RoPE tables), FSDP gathers and scatters
+    assert len(figure.axes[0].patches) == 2 * (2 + 2 + 2) == len(table)
+    assert any("no collective logged (one process)" in t.get_text() for t in figure.texts)
 
 
 def test_loss_match_view_against_the_single_process(runs_dir):
