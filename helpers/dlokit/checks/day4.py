@@ -1,5 +1,6 @@
-"""Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), DDP out of memory where FSDP fits (TP4.2), the
-pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6)."""
+"""Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model and DDP out of memory
+where FSDP fits (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention
+(TP4.5), loss match (TP4.6)."""
 from __future__ import annotations
 
 from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
@@ -49,9 +50,48 @@ def sharded_memory(ddp_id, zero1_id, fsdp_id):
                 + ("" if zero_share < SHARDED else " — the optimizer is not sharded: build ZeroRedundancyOptimizer "
                    "for --mode zero1 (TODO TP4.1 in train_llm.py)"))
     shard = part("FSDP", PASSED if fsdp_share < SHARDED else FAILED,
-                 f"parameters + gradients + optimizer states per rank: {fsdp_share:.2f} of DDP's (ideal 1/{ranks})")
+                 f"parameters + gradients + optimizer states per rank: {fsdp_share:.2f} of DDP's (ideal 1/{ranks})"
+                 + ("" if fsdp_share < SHARDED else f" — {FSDP_TODO}"))
     return from_parts([zero, shard], f"ZeRO-1 keeps {zero_share:.2f} of DDP's optimizer states per rank, FSDP "
                       f"{fsdp_share:.2f} of everything", details)
+
+
+FSDP_TODO = "call fully_shard on each block of model.layers, then on the model (TODO TP4.2 in parallel_fsdp.py)"
+
+
+@check("TP4.2 FSDP2 shards the model")
+def fsdp_sharding(fsdp_id, single_id):
+    """Observed, not assumed: each rank of the FSDP2 run holds its shard of the weights (about 1/N of what the
+    single process holds, measured from its tensors), and its loss follows the single process's step by step."""
+    from dlokit.analysis.loss_match import loss_match_table
+
+    runs, problem = _completed(list(ids(fsdp_id)) + list(ids(single_id)))
+    if problem:
+        return problem
+    fsdp, single = runs
+    whole = float((_memory(single) or {}).get("params") or 0)
+    held = {rank: float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
+            for rank, r in sorted(fsdp.ranks.items())}
+    if not whole or not all(held.values()):
+        return failed("a run recorded no memory_bytes: were they made by train_llm.py --mode fsdp and --mode single?")
+    shares = {rank: value / whole for rank, value in held.items()}
+    ideal = 1 / fsdp.world_size
+    details = [f"rank {rank}: {value / 2**20:.2f} MiB of weights, {shares[rank]:.2f} of the single process's "
+               f"{whole / 2**20:.2f} MiB" for rank, value in held.items()]
+    sharded = all(share < SHARDED for share in shares.values())
+    shard = part("sharding", PASSED if sharded else FAILED,
+                 f"each rank holds {', '.join(f'{v:.2f}' for v in shares.values())} of the weights (ideal {ideal:.2f})"
+                 + ("" if sharded else f" — every rank keeps the whole model: {FSDP_TODO}"))
+    table = loss_match_table([fsdp], single)
+    row = table.iloc[0]
+    gap = "no step in common" if row.max_abs_dloss is None else f"max |Δ| {row.max_abs_dloss:.3g}"
+    details.append(f"loss against the single process: {gap} over {row.steps_compared} steps "
+                   f"(tolerance {table.attrs['tolerance']})")
+    why = "" if sharded else f": without sharding nothing averages the ranks' gradients — {FSDP_TODO}"
+    same = part("loss", PASSED if row.matched else FAILED,
+                f"the loss follows the single process's over {row.steps_compared} steps" if row.matched else
+                f"the loss leaves the single process's ({gap}){why}")
+    return from_parts([shard, same], f"FSDP2 on {fsdp.world_size} ranks: {shard.message}; {same.message}", details)
 
 
 @check("TP4.2 DDP out of memory, FSDP fits")
@@ -76,7 +116,8 @@ def oom_then_fit(ddp_id, fsdp_id):
         return failed(f"the DDP job {ddp_id} did not run out of memory ({ddp_state}): the limit is too large for this "
                       "model, or the model too small — use the notebook's OOM_CONFIG and OOM_LIMIT", details)
     if fsdp.state != "completed":
-        return failed(f"the FSDP job {fsdp_id} did not complete ({fsdp.state}) under the same limit", details)
+        return failed(f"the FSDP job {fsdp_id} did not complete ({fsdp.state}) under the same limit: each rank "
+                      f"must hold only its shard — {FSDP_TODO}", details)
     return passed("DDP ran out of memory, FSDP completed under the same limit"
                   + (f" ({fsdp.summary['memory_limit_mb']:.0f} MiB per rank)" if fsdp.summary.get("memory_limit_mb") else ""),
                   details)

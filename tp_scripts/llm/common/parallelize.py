@@ -9,7 +9,7 @@
     2. tensor       every block's linears split over tp (DTensor plan, or the from-scratch layers)
     3. context      attention over the whole sequence from this rank's part (cp)   parallel_cp.py
     4. activation checkpointing, 5. compile (block by block)                parallel_fsdp.py
-    6. data parallel: FSDP2 over dp_shard (or the cp ranks), HSDP with dp_replicate in front;
+    6. data parallel: FSDP2 over dp_shard (or the cp ranks), HSDP with dp_replicate in front (parallel_fsdp.py);
        else DDP over dp_replicate (ZeRO-1 keeps DDP and shards the optimizer: train_llm.py)
 Checkpointing and compiling wrap the blocks TP has already split; FSDP wraps last, so that it
 shards what the others made (DTensor weights included) and all-gathers around compiled blocks.
@@ -28,12 +28,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+# the students' files (TP4.2, TP4.4, TP4.5), beside the script
 from parallel_cp import ContextParallel, context_parallel_region
+from parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
+from parallel_tp_scratch import parallelize_tp_scratch
+
 from .parallel_ddp import parallelize_ddp
 from .parallel_dims import ParallelDims
-from .parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
 from .parallel_tp_dtensor import parallelize_tp
-from parallel_tp_scratch import parallelize_tp_scratch
 from .timing import SectionTimer
 
 

@@ -3,12 +3,13 @@ data-parallel ranks; a block's full weights exist only while it computes.
 
 Given a 2-D mesh (dp_replicate, dp_shard), fully_shard shards over the second dimension and keeps a
 replica per row of the first: HSDP (reduce-scatter inside a replica, all-reduce between replicas).
+Your TODO (TP4.2): the fully_shard calls of parallelize_fsdp.
 Apply in this order (torchtitan's): tensor parallel -> activation checkpointing -> compile -> FSDP.
 """
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +49,8 @@ def average_is_exact(mesh, device) -> bool:
 
 def parallelize_fsdp(model, dp_mesh, param_dtype="fp32", reduce_dtype="fp32", cpu_offload=False,
                      reshard_after_forward=True, sum_reduction=False):
-    """fully_shard every block, then the root (embedding, final norm, output).
+    """fully_shard every block, then the root (embedding, final norm, output), whose parameters are needed again
+    right at the start of backward: never reshard them after forward.
 
     param_dtype: dtype of the gathered weights used in forward/backward; the sharded weights
     the optimizer updates stay fp32 (they are the "master" copy).
@@ -62,11 +64,13 @@ def parallelize_fsdp(model, dp_mesh, param_dtype="fp32", reduce_dtype="fp32", cp
     }
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    # >>> SOLUTION TP4.2: fully_shard each block of model.layers (reshard_after_forward, **options), then the root model
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
-    # The root's parameters are needed again right at the start of backward: never reshard them.
     fully_shard(model, reshard_after_forward=False, **options)
+    # <<< SOLUTION
     if sum_reduction:
         for module in [*model.layers.values(), model]:
-            module.set_force_sum_reduction_for_comms(True)
+            if isinstance(module, FSDPModule):  # (nothing to set on a module left unsharded)
+                module.set_force_sum_reduction_for_comms(True)
     return model
