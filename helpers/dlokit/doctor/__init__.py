@@ -55,7 +55,7 @@ def _jobs(profile, gpus: int, data: str, show, out) -> None:
     try:
         card = submit_probe(profile, "env", *map(str, paths))
     except Refused as err:
-        show(failed("job", f"not accepted: {err}", probe_jobs.refusal_fix(str(err))))
+        show(failed("job", f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name)))
         return
     [outcome] = wait([card])
     env = probe_jobs.env_findings(profile, card, outcome, token, paths)
@@ -86,7 +86,7 @@ def _the_rest(profile, gpus: int, data: str, node_gpus: int, show, out) -> None:
         try:
             cards[check] = submit_probe(profile, kind, *args, n_gpu=n, time_max=time_max)
         except Refused as err:
-            found[check] = failed(check, f"not accepted: {err}", probe_jobs.refusal_fix(str(err)))
+            found[check] = failed(check, f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name))
     out(f"… {len(cards)} jobs at once; the one that sleeps past its {limit} time limit ends last")
     if "cancel" in cards:
         found["cancel"] = probe_jobs.cancel_finding(profile, cards.pop("cancel"))

@@ -35,22 +35,24 @@ SETUP_DONE = "DLOKIT_DOCTOR setup done"  # echoed after the profile's setup line
 
 
 def submit_probe(profile, kind: str, *args: str, n_gpu: int = 1, time_max: str = "00:05:00") -> jobs.JobCard:
+    echo = f"echo {shlex.quote(SETUP_DONE)} >&2"
     if profile.setup:
-        profile = with_overrides(profile, setup=(*profile.setup, f"echo {shlex.quote(SETUP_DONE)} >&2"))
+        profile = with_overrides(profile, setup=(*profile.setup, echo))
     spec = JobSpec(script=str(PROBE), args=(kind, *args), name=NAME, n_gpu=n_gpu, time_max=time_max, alone=False)
     try:
         return submit(spec, profile, verbose=False)[0]
     except (JobSpecError, FailedJobError, FailedSubmissionError, subprocess.CalledProcessError) as err:
-        raise Refused(" ".join(str(err).split())[:600]) from None
+        raise Refused(" ".join(str(err).replace(f"; {echo}", "").split())[:600]) from None
 
 
-def refusal_fix(message: str) -> str:
+def refusal_fix(message: str, profile_name: str) -> str:
     lowered = message.lower()
     for word, setting in REFUSALS:
         if word in lowered:
             return f"set {setting} in the profile to a value the cluster accepts for you (sacctmgr show assoc " \
                    "user=$USER lists your accounts and QOS; sinfo the partitions and features)"
-    return "read the message; `dlokit preview --profile NAME train_classifier.py` prints the batch script a job gets"
+    return (f"read the message; `dlokit preview --profile {profile_name} train_classifier.py` prints the batch script "
+            "a job gets")
 
 
 def said(card: jobs.JobCard) -> list[dict]:

@@ -34,7 +34,7 @@ def _limits(profile):
     try:
         partitions = cluster_limits(profile)
     except ClusterQueryError as err:
-        return failed("cluster limits", f"the cluster could not be asked: {err}",
+        return failed("cluster limits", f"the cluster could not be asked: {_one_line(err)}",
                       "run the doctor on the cluster's login node, where scontrol reaches the controller")
     name = profile.partition or next((p.name for p in partitions.values() if p.default), "")
     if name not in partitions:
@@ -51,6 +51,10 @@ def _limits(profile):
     return passed("cluster limits", summary)
 
 
+def _one_line(err, limit: int = 300) -> str:
+    return " ".join(str(err).split())[:limit]
+
+
 def nodes_in_partition(profile) -> int:
     try:
         partitions = cluster_limits(profile)
@@ -64,7 +68,7 @@ def _accounts(profile):
     try:
         accounts = user_accounts(profile)
     except ClusterQueryError as err:
-        return not_checked("accounts", f"sacctmgr does not answer ({err}); jobs are submitted without checking")
+        return not_checked("accounts", f"sacctmgr does not answer ({_one_line(err)}); jobs are submitted without checking")
     if profile.account and profile.account not in accounts:
         return failed("accounts", f"account {profile.account!r} is not one of yours: {', '.join(accounts) or 'none'}",
                       f"set account in the profile to one of {', '.join(accounts)}" if accounts else
