@@ -63,11 +63,11 @@ def _jobs(profile, gpus: int, data: str, show, out) -> None:
     if outcome.state != "COMPLETED" or any(f.status == FAILED for f in env):
         return  # every other job would meet the same problem
     show(scheduler.accounting(profile, card.scheduler_id))
-    node_gpus = said(card)[0].get("gpus", 0)
-    _the_rest(profile, gpus, data, node_gpus, show, out)
+    job_gpus = said(card)[0].get("gpus", 0)  # what the 1-task job saw
+    _the_rest(profile, gpus, data, job_gpus, show, out)
 
 
-def _the_rest(profile, gpus: int, data: str, node_gpus: int, show, out) -> None:
+def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
     """Every other job at once (the time limit's first: it takes a minute); findings in report.CHECKS' order."""
     limit = "00:01:00" if profile.backend == "slurm" else "00:00:15"  # Slurm counts whole minutes
     nodes = scheduler.nodes_in_partition(profile) if profile.backend == "slurm" else 1
@@ -78,7 +78,7 @@ def _the_rest(profile, gpus: int, data: str, node_gpus: int, show, out) -> None:
         plans["2 nodes"] = ("ranks", [], 2 * profile.node_gpus(), "00:05:00")
     gpu_probes = {"GPU device": "gpu-device", "mixed precision": "gpu-amp", "channels_last": "gpu-channels-last",
                   "profiler trace": "gpu-profiler", "GPU energy": "gpu-energy", "FSDP2": "fsdp"}
-    if node_gpus:
+    if job_gpus:
         for check, kind in gpu_probes.items():
             plans[check] = (kind, [], 2 if kind == "fsdp" else 1, "00:05:00")
     cards, found = {}, {}
@@ -89,14 +89,14 @@ def _the_rest(profile, gpus: int, data: str, node_gpus: int, show, out) -> None:
             found[check] = failed(check, f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name))
     out(f"… {len(cards)} jobs at once; the one that sleeps past its {limit} time limit ends last")
     if "cancel" in cards:
-        found["cancel"] = probe_jobs.cancel_finding(profile, cards.pop("cancel"))
+        found["cancel"] = probe_jobs.cancel_finding(cards.pop("cancel"))
     outcomes = dict(zip(cards, wait(list(cards.values()))))
     for check, card in cards.items():
         found[check] = _judge(check, card, outcomes[check], gpus, limit, data)
     if nodes < 2:
         found["2 nodes"] = not_checked("2 nodes", f"the partition has {nodes} node" if profile.backend == "slurm"
                                        else "the local backend is one machine")
-    if not node_gpus:
+    if not job_gpus:
         for check in gpu_probes:
             found[check] = not_checked(check, NO_GPU)
     show(*(found[check] for check in CHECKS if check in found))

@@ -207,19 +207,23 @@ def nodes_finding(card, outcome):
                              + (f", bus bandwidth {min(bandwidth)} GB/s" if bandwidth else ""))
 
 
-def cancel_finding(profile, card):
+def cancel_finding(card):
+    """Cancel the sleeping job once it runs (or after 2 minutes in the queue); it must read CANCELLED."""
     deadline = time.time() + 120
-    while time.time() < deadline and not [line for line in said(card) if line.get("probe") == "sleep"]:
-        if jobs.job_outcome(card.job_id).finished:
-            break
+    while not _started(card) and time.time() < deadline and not jobs.job_outcome(card.job_id).finished:
         time.sleep(1)
+    running = _started(card)
     jobs.cancel(card.job_id)
     [outcome] = wait([card], timeout_s=120)
     if outcome.state != "CANCELLED":
         return failed("cancel", f"the cancelled job reads {outcome.state} ({outcome.cause[:200]})",
                       "the kit names a job's end from sacct (Slurm) or its launcher's note (local): see dlokit."
                       "job_outcome; report it with the job's log")
-    return passed("cancel", f"job {card.job_id}, cancelled while running, reads CANCELLED")
+    return passed("cancel", f"job {card.job_id}, cancelled while {'running' if running else 'queued'}, reads CANCELLED")
+
+
+def _started(card) -> bool:
+    return any(line.get("probe") == "sleep" for line in said(card))
 
 
 def timeout_finding(outcome, limit: str):
