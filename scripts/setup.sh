@@ -18,7 +18,10 @@ done
 
 apt_install() {  # install Debian packages that are missing (needs root, as in CI)
   local missing=()
-  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  # installed, not merely known to dpkg (a removed package keeps "deinstall ok config-files" and dpkg -s says 0)
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install these Debian packages (needs root): ${missing[*]}" >&2; exit 1
