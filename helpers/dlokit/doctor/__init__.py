@@ -92,7 +92,7 @@ def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
         found["cancel"] = probe_jobs.cancel_finding(cards.pop("cancel"))
     outcomes = dict(zip(cards, wait(list(cards.values()))))
     for check, card in cards.items():
-        found[check] = _judge(check, card, outcomes[check], gpus, limit, data)
+        found[check] = _judge(check, card, outcomes[check], limit, data)
     if nodes < 2:
         found["2 nodes"] = not_checked("2 nodes", f"the partition has {nodes} node" if profile.backend == "slurm"
                                        else "the local backend is one machine")
@@ -102,11 +102,9 @@ def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
     show(*(found[check] for check in CHECKS if check in found))
 
 
-def _judge(check, card, outcome, gpus, limit, data):
-    if check == "2 tasks":
-        return probe_jobs.ranks_finding(card, outcome, gpus)
-    if check == "2 nodes":
-        return probe_jobs.nodes_finding(card, outcome)
+def _judge(check, card, outcome, limit, data):
+    if check in ("2 tasks", "2 nodes"):
+        return probe_jobs.all_reduce_finding(check, card, outcome, across_nodes=check == "2 nodes")
     if check == "time limit":
         return probe_jobs.timeout_finding(outcome, limit)
     if check == "compile":

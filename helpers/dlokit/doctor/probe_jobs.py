@@ -177,34 +177,35 @@ def _shared(label: str, path: Path, read_on_node: str, token: str):
     return passed(label, f"{path.parent}: written here, read on {answer.read_text()}, and the other way round")
 
 
-def ranks_finding(card, outcome, n: int):
-    lines = [line for line in said(card) if line.get("probe") == "ranks"]
-    check = "2 tasks"  # the name of the check whatever the count (--gpus)
-    if outcome.state != "COMPLETED" or len(lines) < n:
-        return failed(check, f"{outcome.state}: {outcome.cause[:400]}",
-                      "read the job's log (dlokit.job_outcome and search_log); a firewall between nodes or a "
-                      "wrong network interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) are common causes")
-    expected = n * (n + 1) / 2
+def _said_if_completed(check, card, outcome, fix, probe=None):
+    """(the probe's lines, None) from a completed job; else (None, a failed finding with the job's end)."""
+    lines = [line for line in said(card) if probe is None or line.get("probe") == probe]
+    if outcome.state != "COMPLETED" or not lines:
+        return None, failed(check, f"{outcome.state}: {outcome.cause[:400]}", fix)
+    return lines, None
+
+
+NETWORK_FIX = ("read the job's log (dlokit.job_outcome and search_log); a firewall between nodes or a wrong network "
+               "interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) are common causes")
+
+
+def all_reduce_finding(check, card, outcome, across_nodes=False):
+    """Every task of the job added rank + 1 in one all-reduce ("2 tasks", or "2 nodes" with ranks on 2 hosts)."""
+    lines, problem = _said_if_completed(check, card, outcome, NETWORK_FIX, probe="ranks")
+    if problem:
+        return problem
+    if len(lines) < card.tasks:
+        return failed(check, f"{len(lines)} of {card.tasks} ranks said what they summed", NETWORK_FIX)
+    expected = card.tasks * (card.tasks + 1) / 2
     wrong = [line for line in lines if line["sum"] != expected]
     if wrong:
         return failed(check, f"all-reduce gave {wrong[0]['sum']}, not {expected}", "report it to the site")
-    bandwidth = [line["bus_gb_s"] for line in lines if "bus_gb_s" in line]
     hosts = sorted({line["host"] for line in lines})
-    return passed(check, f"{n} ranks on {', '.join(hosts)} all-reduced with {lines[0]['backend']}"
+    if across_nodes and len(hosts) < 2:
+        return failed(check, f"every rank ran on {hosts[0]}", "the profile's gpus_per_node should match the nodes")
+    bandwidth = [line["bus_gb_s"] for line in lines if "bus_gb_s" in line]
+    return passed(check, f"{len(lines)} ranks on {', '.join(hosts)} all-reduced with {lines[0]['backend']}"
                          + (f", bus bandwidth {min(bandwidth)} GB/s (64 MiB)" if bandwidth else ""))
-
-
-def nodes_finding(card, outcome):
-    lines = [line for line in said(card) if line.get("probe") == "ranks"]
-    hosts = sorted({line["host"] for line in lines})
-    if outcome.state != "COMPLETED" or not lines:
-        return failed("2 nodes", f"{outcome.state}: {outcome.cause[:400]}",
-                      "ranks on two nodes must reach each other: ask the site which network interface to use")
-    if len(hosts) < 2:
-        return failed("2 nodes", f"every rank ran on {hosts[0]}", "the profile's gpus_per_node should match the nodes")
-    bandwidth = [line["bus_gb_s"] for line in lines if "bus_gb_s" in line]
-    return passed("2 nodes", f"{len(lines)} ranks on {', '.join(hosts)} all-reduced with {lines[0]['backend']}"
-                             + (f", bus bandwidth {min(bandwidth)} GB/s" if bandwidth else ""))
 
 
 def cancel_finding(card):
@@ -236,10 +237,10 @@ def timeout_finding(outcome, limit: str):
 
 def gpu_finding(check, card, outcome, judge):
     """judge(line) -> (ok, message); a probe that skipped (no GPU on its node) is 'not checked'."""
-    lines = said(card)
-    if outcome.state != "COMPLETED" or not lines:
-        return failed(check, f"{outcome.state}: {outcome.cause[:400]}", "read the job's log: dlokit.job_outcome("
-                                                                         f"{card.job_id!r}) and search_log")
+    lines, problem = _said_if_completed(check, card, outcome, f"read the job's log: dlokit.job_outcome("
+                                                              f"{card.job_id!r}) and search_log")
+    if problem:
+        return problem
     if "skip" in lines[0]:
         return not_checked(check, lines[0]["skip"])
     ok, message = judge(lines)
@@ -247,9 +248,9 @@ def gpu_finding(check, card, outcome, judge):
 
 
 def compile_finding(card, outcome):
-    lines = said(card)
-    if outcome.state != "COMPLETED" or not lines:
-        return failed("compile", f"{outcome.state}: {outcome.cause[:400]}", "read the job's log")
+    lines, problem = _said_if_completed("compile", card, outcome, "read the job's log")
+    if problem:
+        return problem
     line = lines[0]
     if "error" in line:
         return failed("compile", line["error"], "install a C++ compiler on the nodes (g++; or load its module in "
@@ -260,9 +261,9 @@ def compile_finding(card, outcome):
 
 
 def data_finding(card, outcome, folder: str):
-    lines = said(card)
-    if outcome.state != "COMPLETED" or not lines:
-        return failed("data", f"{outcome.state}: {outcome.cause[:400]}", "read the job's log")
+    lines, problem = _said_if_completed("data", card, outcome, "read the job's log")
+    if problem:
+        return problem
     line = lines[0]
     if folder:
         layout = line["layout"]
