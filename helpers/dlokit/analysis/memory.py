@@ -76,9 +76,12 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
     return figure
 
 
-def batch_speeds(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
+def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.DataFrame:
     """A batch scan: per completed run, its batch size and `metric` (median of the settled steps) with its 95 %
-    interval; `fastest` marks the best, `tied` the batches within noise of it (their intervals overlap)."""
+    interval; `fastest` marks the best, `tied` the batches within noise of it (their intervals overlap).
+    The default reads the device's work (forward, backward, optimizer step), not the loader's: on an H100 a
+    loader without workers fed Day 1's JPEGs at ~500 img/s while the GPU computed 1,760 (batch 32) to 2,300
+    (batch 256), so a scan of the whole step measured the loader (docs/benchmarks.md, 2026-11-26)."""
     rows = []
     for run in load_runs(runs, runs_dir):
         batch = run.config.get("batch_size")
@@ -97,14 +100,14 @@ def batch_speeds(runs, runs_dir=None, metric: str = "throughput_train") -> pd.Da
     return table.reset_index(drop=True)
 
 
-def chosen_batch(runs, runs_dir=None, metric: str = "throughput_train") -> int | None:
+def chosen_batch(runs, runs_dir=None, metric: str = "throughput_compute") -> int | None:
     """The batch a scan recommends: the smallest one within noise of the fastest (a larger batch buys nothing this
     scan could measure, and costs memory and steps per epoch). None when no run completed."""
     table = batch_speeds(runs, runs_dir, metric)
     return int(table.loc[table["tied"], "batch_size"].min()) if not table.empty else None
 
 
-def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_train"):
+def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_compute"):
     """Throughput against batch size (the batch scan) with 95 % intervals, the out-of-memory batch sizes marked,
     and the batch chosen_batch() recommends."""
     table = runs_table(load_runs(runs, runs_dir))
