@@ -1,5 +1,6 @@
 """The week's thread: what Day 1 and Day 2 chose reaches the later days' commands and the race, a TP's own options
 win over it, and a day whose earlier choice is missing says so and uses the script's defaults."""
+import importlib.util
 import shlex
 from pathlib import Path
 
@@ -7,6 +8,8 @@ import pytest
 
 import dlokit
 from dlokit import race
+from dlokit.analysis import large_batch
+from dlokit.in_job.runrecord import RunRecorder
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "tp_scripts" / "solutions"
@@ -102,3 +105,72 @@ def test_the_race_carries_the_weeks_precision_and_loader_options(week_so_far):
     # without the form (a headless race of defaults), the week's options alone
     args = parse(shlex.join(race.launch.run_command(racer, Plan)))
     assert (args.amp, args.channels_last, args.num_workers) == ("bf16", True, 2)
+
+
+def trained(runs_dir, run_id, optimizer, correct, lr, **config):
+    """The record of a large-batch training (TP3.1 or TP3.2's) that reached `correct` of 100 validation images."""
+    config = {"optimizer": optimizer, "lr": lr, "base_batch_size": 16, "lr_scaling": "sqrt", "warmup_epochs": 1.0,
+              "lr_schedule": "cosine", "batch_size": 150, "global_batch_size": 150, "val_images": 100, **config}
+    with RunRecorder(config, run_id=run_id, runs_dir=runs_dir) as recorder:
+        recorder.log("val", epoch=1, step=2, val_loss=1.0, val_acc=correct / 100)
+    return run_id
+
+
+def test_day3_keeps_an_optimiser_only_when_it_trained_above_sgd_beyond_noise(tmp_path):
+    sgd = trained(tmp_path, "sgd", "sgd", 20, 0.05, lr_scaling="linear")
+    lamb, adamw = trained(tmp_path, "lamb", "lamb", 60, 0.005), trained(tmp_path, "adamw", "adamw", 70, 0.002)
+    kept, why = large_batch.kept_optimizer([sgd, lamb], runs_dir=tmp_path)
+    assert kept == {"optimizer": "lamb", "lr": 0.005, "base_batch_size": 16, "lr_scaling": "sqrt",
+                    "warmup_epochs": 1.0, "lr_schedule": "cosine"}  # what that run trained with
+    assert why.startswith("lamb: top-1 0.600 [") and "above SGD's top-1 0.200" in why
+    assert large_batch.kept_optimizer([sgd, lamb, adamw], runs_dir=tmp_path)[0]["optimizer"] == "adamw"  # the best
+
+    close = trained(tmp_path, "close", "lion", 27, 0.0003)  # 27 vs 20 of 100: the intervals overlap
+    kept, why = large_batch.kept_optimizer([sgd, close], runs_dir=tmp_path)
+    assert kept["optimizer"] == "sgd" and kept["lr"] == 0.05 and kept["lr_scaling"] == "linear"
+    assert "no other optimiser or lr trained above" in why
+    found = trained(tmp_path, "found", "sgd", 55, 0.3, base_batch_size=150, lr_scaling="none")
+    kept, why = large_batch.kept_optimizer([sgd, close], [found], runs_dir=tmp_path)
+    assert (kept["optimizer"], kept["lr"], kept["base_batch_size"]) == ("sgd", 0.3, 150)
+    assert why.startswith("SGD at the range test's lr")
+
+    unfinished = trained(tmp_path, "failed", "sgd", 0, 0.05)
+    (tmp_path / unfinished / "rank0" / "metrics.jsonl").write_text("")  # no validation line
+    assert large_batch.kept_optimizer([unfinished, lamb], runs_dir=tmp_path)[0] == {}
+
+
+def test_the_race_starts_from_day3s_optimiser_and_scales_its_lr_to_the_race_batch(week_so_far):
+    day().remember(optimizer={"optimizer": "lamb", "lr": 0.005, "base_batch_size": 16, "lr_scaling": "sqrt",
+                              "warmup_epochs": 1.0, "lr_schedule": "cosine"})
+    racer = day(carry_from=[1, 2, 3])
+    assert ("from Day 3: lamb, lr 0.005 at batch 16 (sqrt scaling to another batch), 1 warm-up epoch(s), cosine "
+            "schedule") in racer.describe()
+    form = race.race_form(racer)
+    assert (form.fields["optimizer"].value, form.fields["lr"].value, form.fields["base_batch_size"].value,
+            form.fields["lr_scaling"].value, form.fields["warmup_epochs"].value) == ("lamb", 0.005, 16, "sqrt", 1.0)
+
+    class Plan:
+        epochs = 3
+
+    argv = race.launch.run_command(racer, Plan, form.options())
+    args = parse(shlex.join(argv))
+    assert (args.optimizer, args.lr, args.base_batch_size, args.lr_scaling, args.warmup_epochs, args.lr_schedule,
+            args.amp, args.num_workers) == ("lamb", 0.005, 16, "sqrt", 1.0, "cosine", "bf16", 2)
+    assert argv.count("--optimizer") == 1 and argv.count("--lr") == 1
+    # the script scales the lr to the race's batch from the batch it was set for: 0.005 x sqrt(64 / 16)
+    spec = importlib.util.spec_from_file_location("optim_setup", SOLUTIONS / "optim_setup.py")
+    optim_setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(optim_setup)
+    assert optim_setup.peak_lr(args.lr, args.batch_size, args.base_batch_size, args.lr_scaling) == pytest.approx(0.01)
+    # the racer changes the optimiser: obeyed, and compile is offered too
+    form.fields["optimizer"].value, form.fields["compile"].value = "sgd", True
+    args = parse(shlex.join(race.launch.run_command(racer, Plan, form.options())))
+    assert (args.optimizer, args.compile) == ("sgd", True)
+
+
+def test_a_race_without_day3_says_so_and_trains_with_the_scripts_optimiser(week_so_far):
+    racer = day(carry_from=[1, 2, 3])
+    assert "from Day 3: nothing saved yet (run Day 3's notebook to choose): the script's defaults (SGD" in \
+        racer.describe()
+    args = parse(shlex.join(race.launch.run_command(racer, type("Plan", (), {"epochs": 1}))))
+    assert (args.optimizer, args.lr_scaling, args.amp) == ("sgd", "none", "bf16")

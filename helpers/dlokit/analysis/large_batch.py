@@ -171,3 +171,40 @@ def large_batch_lesson(job_ids, runs_dir=None) -> dict:
     text = (f"at global batch {int(large)}: untuned SGD (the small batch's lr, no warm-up) reached top-1 "
             f"{base.value:.3f} [{base.low:.3f}–{base.high:.3f}], {words} (95 % intervals); {verdict}")
     return {"outcome": outcome, "text": text, "rows": [base, *others.values()]}
+
+
+RACE_KEYS = ("optimizer", "lr", "base_batch_size", "lr_scaling", "warmup_epochs", "lr_schedule")
+
+
+def kept_optimizer(tuned_jobs, range_test_jobs=(), runs_dir=None) -> tuple[dict, str]:
+    """What Day 3 hands to the race: the options of one large-batch training, and why.
+
+    `tuned_jobs` are TP3.1's tuned large-batch trainings, SGD's among them; `range_test_jobs` the SGD training at the
+    range test's learning rate (TP3.2). An optimiser is kept over SGD only when its top-1 interval lies above SGD's
+    entirely, the same conservative test as large_batch_lesson; SGD takes the range test's learning rate only on
+    the same condition. The options are those the kept run trained with (its lr, the batch that lr was set for, the
+    scaling rule to another batch, the warm-up, the schedule), so the race starts from what was measured."""
+    runs = {run.run_id: run for run in load_runs(list(tuned_jobs) + list(range_test_jobs), runs_dir)}
+    top1 = {run_id: top1_estimate(run_id, runs_dir) for run_id in runs}
+    sgd = next((r for r in runs.values() if r.config.get("optimizer") == "sgd" and r.run_id not in range_test_jobs),
+               None)
+    if sgd is None or not top1[sgd.run_id].usable:
+        return {}, "TP3.1's SGD training at the large batch did not finish: nothing kept, the race uses the script's defaults"
+
+    def above_sgd(run_id):
+        return top1[run_id].usable and top1[run_id].low > top1[sgd.run_id].high
+
+    def said(run_id):
+        e = top1[run_id]
+        return f"top-1 {e.value:.3f} [{e.low:.3f}–{e.high:.3f}]"
+
+    others = [r for r in runs.values() if r.run_id not in (sgd.run_id, *range_test_jobs) and above_sgd(r.run_id)]
+    if others:
+        best = max(others, key=lambda r: top1[r.run_id].value)
+        why = f"{best.config['optimizer']}: {said(best.run_id)}, above SGD's {said(sgd.run_id)} at the large batch"
+    else:
+        found = [r for r in runs.values() if r.run_id in range_test_jobs and above_sgd(r.run_id)]
+        best = found[0] if found else sgd
+        why = ("SGD at the range test's lr: " + said(best.run_id) + f", above SGD at its scaled lr ({said(sgd.run_id)})"
+               if found else f"SGD: no other optimiser or lr trained above its {said(sgd.run_id)} beyond noise")
+    return {key: best.config[key] for key in RACE_KEYS if best.config.get(key) is not None}, why

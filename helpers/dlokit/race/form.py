@@ -1,12 +1,14 @@
 """The race form: the choices a student makes, turned into the training script's options.
 
-    form = race_form(day)        # ipywidgets: sizes, LR, optimiser, schedule, augmentation, precision, loader
+    form = race_form(day)        # ipywidgets: sizes, optimiser and LR (scaling, warm-up, schedule), augmentation,
+                                 # precision, layout, compile, loader
     form                         # shown in the notebook
     options = form.options()     # ['--image-size', '64', '--batch-size', '16', ...], checked by the script's parser
 
 The optimiser, schedule, precision and augmentation choices are read from the script's own parser
 (tp_scripts/common/train_options.py), so the form offers exactly what the script accepts. The precision, memory
-layout and DataLoader fields start from what the week chose (the day's `carried` options: Day 1, Day 2).
+layout, DataLoader and optimiser fields start from what the week chose (the day's `carried` options: Day 1, Day 2,
+Day 3).
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from pathlib import Path
 from ..script_modules import common_module
 from ..submission.week import option_groups
 
-FIELDS = ("image_size", "batch_size", "lr", "weight_decay", "optimizer", "lr_schedule", "augment",
-          "amp", "tf32", "channels_last", "num_workers", "pin_memory", "non_blocking", "prefetch_factor",
-          "persistent_workers")
-FLAGS = ("tf32", "channels_last", "pin_memory", "non_blocking", "persistent_workers")  # --x or --no-x
+FIELDS = ("image_size", "batch_size", "optimizer", "lr", "base_batch_size", "lr_scaling", "warmup_epochs",
+          "lr_schedule", "weight_decay", "label_smoothing", "augment", "amp", "tf32", "channels_last", "compile",
+          "num_workers", "pin_memory", "non_blocking", "prefetch_factor", "persistent_workers")
+FLAGS = ("tf32", "channels_last", "compile", "pin_memory", "non_blocking", "persistent_workers")  # --x or --no-x
+VALUED = ("optimizer", "base_batch_size", "lr_scaling", "warmup_epochs", "lr_schedule", "label_smoothing", "amp",
+          "num_workers", "prefetch_factor")  # given as --x VALUE when the script has the option
 
 
 def option_of(field: str) -> str:
@@ -51,25 +55,24 @@ def default(parser: argparse.ArgumentParser, option: str, fallback):
 
 
 def race_options(parser: argparse.ArgumentParser, *, image_size: int, batch_size: int, lr: float,
-                 weight_decay: float, optimizer: str | None = None, lr_schedule: str | None = None,
-                 augment=("none",), amp: str | None = None, num_workers: int | None = None,
-                 prefetch_factor: int | None = None, **flags) -> list[str]:
-    """The script options for these choices (a flag of FLAGS: True, False, or None to leave it out); ValueError
-    with the script's own message when it would refuse one."""
+                 weight_decay: float, augment=("none",), **chosen) -> list[str]:
+    """The script options for these choices (a field of VALUED: its value, or None to leave it out; a flag of FLAGS:
+    True, False, or None); ValueError with the script's own message when it would refuse one."""
     augment = [augment] if isinstance(augment, str) else list(augment or ["none"])
     options = ["--image-size", str(int(image_size)), "--batch-size", str(int(batch_size)), "--lr", repr(float(lr)),
                "--weight-decay", repr(float(weight_decay)), "--augment", ",".join(augment) or "none"]
-    for option, value in (("--optimizer", optimizer), ("--lr-schedule", lr_schedule), ("--amp", amp),
-                          ("--num-workers", num_workers), ("--prefetch-factor", prefetch_factor)):
-        if value is not None:
-            if _action(parser, option) is None:
-                raise ValueError(f"{option} {value}: this training script has no {option} option")
-            options += [option, str(value)]
-    for name, value in flags.items():
-        if name not in FLAGS:
+    for name, value in chosen.items():
+        if name not in VALUED + FLAGS:
             raise TypeError(f"race_options: unknown choice {name!r}")
-        if value is not None:
-            options.append(option_of(name) if value else option_of("no_" + name))
+        if value is None:
+            continue
+        if _action(parser, option_of(name)) is None:
+            raise ValueError(f"{option_of(name)} {value}: this training script has no {option_of(name)} option")
+        if name in FLAGS:  # off: --no-x where the script has it (a store_true flag is off when left out)
+            options += [option_of(name)] if value else [option_of("no_" + name)] if _action(
+                parser, option_of("no_" + name)) else []
+        else:
+            options += [option_of(name), str(value)]
     if int(batch_size) < 2 or int(image_size) < 32:
         raise ValueError("batch size must be at least 2 (BatchNorm) and image size at least 32 px")
     if not float(lr) > 0 or float(weight_decay) < 0:
@@ -95,7 +98,7 @@ class RaceForm:
         self.parser = parser
         style = {"description_width": "150px"}
         optimizers, schedules = choices(parser, "--optimizer"), choices(parser, "--lr-schedule")
-        precisions = choices(parser, "--amp")
+        precisions, scalings = choices(parser, "--amp"), choices(parser, "--lr-scaling")
         week = dict(option_groups(carried))  # what the earlier days chose: the start of the precision and loader fields
 
         def chosen(option, fallback):
@@ -109,20 +112,28 @@ class RaceForm:
                                                  description="image size (px)", style=style),
             "batch_size": widgets.BoundedIntText(value=batch_size, min=2, max=65536, description="batch per GPU",
                                                  style=style),
-            "lr": widgets.FloatLogSlider(value=lr, base=10, min=-5, max=1, step=0.1, description="learning rate",
-                                         readout_format=".1e", style=style),
-            "weight_decay": widgets.FloatText(value=weight_decay, description="weight decay", style=style),
-            "optimizer": widgets.Dropdown(options=optimizers or ["sgd"], value=default(parser, "--optimizer", "sgd"),
+            "optimizer": widgets.Dropdown(options=optimizers or ["sgd"], value=chosen("--optimizer", "sgd"),
                                           description="optimiser", style=style, disabled=not optimizers),
-            "lr_schedule": widgets.Dropdown(options=schedules or ["onecycle"],
-                                            value=default(parser, "--lr-schedule", "onecycle"),
+            "lr": widgets.FloatLogSlider(value=float(chosen("--lr", lr)), base=10, min=-5, max=1, step=0.1,
+                                         description="learning rate", readout_format=".1e", style=style),
+            "base_batch_size": widgets.BoundedIntText(value=int(chosen("--base-batch-size", 256)), min=1, max=65536,
+                                                      description="... set for batch", style=style),
+            "lr_scaling": widgets.Dropdown(options=scalings or ["none"], value=chosen("--lr-scaling", "none"),
+                                           description="LR scaling", style=style, disabled=not scalings),
+            "warmup_epochs": widgets.BoundedFloatText(value=float(chosen("--warmup-epochs", 0)), min=0, max=100,
+                                                      step=0.5, description="warm-up epochs", style=style),
+            "lr_schedule": widgets.Dropdown(options=schedules or ["onecycle"], value=chosen("--lr-schedule", "onecycle"),
                                             description="LR schedule", style=style, disabled=not schedules),
+            "weight_decay": widgets.FloatText(value=weight_decay, description="weight decay", style=style),
+            "label_smoothing": widgets.BoundedFloatText(value=float(chosen("--label-smoothing", 0.0)), min=0, max=0.5,
+                                                        step=0.05, description="label smoothing", style=style),
             "augment": widgets.SelectMultiple(options=list(augmentations), value=["none"],
                                               description="augmentation", style=style),
             "amp": widgets.Dropdown(options=precisions or ["none"], value=chosen("--amp", "none"),
                                     description="mixed precision", style=style, disabled=not precisions),
             "tf32": flag("tf32", "TF32 (GPU)"),
             "channels_last": flag("channels_last", "channels_last"),
+            "compile": flag("compile", "torch.compile"),
             "num_workers": widgets.BoundedIntText(value=int(chosen("--num-workers", 0)), min=0, max=64,
                                                   description="DataLoader workers", style=style),
             "pin_memory": flag("pin_memory", "pinned memory"),
@@ -131,9 +142,9 @@ class RaceForm:
                                                       description="prefetch factor", style=style),
             "persistent_workers": flag("persistent_workers", "persistent workers"),
         }
-        self._has = {"optimizer": bool(optimizers), "lr_schedule": bool(schedules), "amp": bool(precisions),
-                     **{name: _action(parser, option_of(name)) is not None
-                        for name in ("num_workers", "prefetch_factor", *FLAGS)}}
+        self._has = {name: _action(parser, option_of(name)) is not None for name in VALUED + FLAGS}
+        self._has.update({"optimizer": bool(optimizers), "lr_schedule": bool(schedules), "amp": bool(precisions),
+                          "lr_scaling": bool(scalings)})
         self.message = widgets.HTML()
         self.box = widgets.VBox([*self.fields.values(), self.message])
 

@@ -1,7 +1,8 @@
 """The week's thread: what each day chose, carried into the command lines of the days after it.
 
 Day 1 keeps the precision, the batch and the memory layout its measurements showed best; Day 2 keeps the
-DataLoader settings. A day saves a choice with `day.remember(amp="bf16")` in the student's course notes
+DataLoader settings; Day 3 the optimiser and its learning rate (with the batch it was set for and the rule that
+scales it to another batch, the warm-up and the schedule). A day saves a choice with `day.remember(amp="bf16")` in the student's course notes
 (`<runs>/course-notes-<nickname>.json`). A later day asks for them, `setup_day(..., carry_from=[1, 2])`: the
 set-up cell prints what it carries ("from Day 1: bf16, batch 64, channels_last"), and every `day.command()`
 starts from those options. A TP's own options win where they name the same option (`--amp none`,
@@ -32,14 +33,32 @@ def _loader_shown(options) -> str:
     return ", ".join(words)
 
 
+def _optimizer_options(chosen: dict) -> list[str]:
+    return [word for key, value in chosen.items() for word in ("--" + key.replace("_", "-"), str(value))]
+
+
+def _optimizer_shown(chosen: dict) -> str:
+    if not chosen:
+        return "the script's optimiser (nothing trained above SGD's defaults)"
+    words = [f"{chosen['optimizer']}, lr {float(chosen['lr']):.3g}"]
+    if chosen.get("lr_scaling", "none") != "none":
+        words[0] += f" at batch {chosen['base_batch_size']} ({chosen['lr_scaling']} scaling to another batch)"
+    if float(chosen.get("warmup_epochs") or 0):
+        words.append(f"{float(chosen['warmup_epochs']):g} warm-up epoch(s)")
+    if chosen.get("lr_schedule"):
+        words.append(f"{chosen['lr_schedule']} schedule")
+    return ", ".join(words)
+
+
 CHOICES = (
     Choice("amp", 1, lambda v: ["--amp", str(v)], lambda v: {"none": "fp32"}.get(v, str(v))),
     Choice("tf32", 1, lambda v: ["--tf32"] if v else [], lambda v: "TF32" if v else ""),
     Choice("batch_size", 1, lambda v: [], lambda v: f"batch {v}"),  # the day's batch_size: it is in every command
     Choice("channels_last", 1, lambda v: ["--channels-last"] if v else [], lambda v: "channels_last" if v else "NCHW"),
     Choice("loader", 2, lambda v: [str(o) for o in v], lambda v: _loader_shown(v) if v else "no DataLoader workers"),
+    Choice("optimizer", 3, _optimizer_options, _optimizer_shown),
 )
-DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers"}  # the script's, when nothing is saved
+DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers", 3: "SGD at its default learning rate"}  # the script's, when nothing is saved
 
 
 def option_groups(argv) -> list[tuple[str, list[str]]]:
