@@ -509,3 +509,22 @@ def test_the_untuned_large_batch_gets_a_bar_of_its_own():
                           "global_batch": [32, 32, 1000, 1000, 1000],
                           "lr_scaling": [None, None, "linear", "sqrt", "none"]})
     assert _bar_labels(table) == ["sgd", "lamb", "sgd", "lamb", "sgd\n(LR not scaled)"]
+
+
+def test_power_vs_batch_reads_the_gpu_peak_and_says_na_without_a_counter(tmp_path):
+    for run_id, batch, watts in (("p1", 32, 180.0), ("p2", 128, 420.0)):
+        write_run(tmp_path, run_id, batch=batch, t_step=0.01 * batch / 32, energy=1000.0)
+        summary = tmp_path / run_id / "rank0" / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "peak_power_w": watts}))
+    table = analysis.power_table(["p1", "p2"], tmp_path)
+    assert table["power_w"].tolist() == [180.0, 420.0] and set(table["source"]) == {"GPU peak (NVML)"}
+    # J per image = W / (img/s): 180 / 3,200 and 420 / 3,200 (the compute throughput is the same here)
+    assert table["joules_per_image"].tolist() == pytest.approx([180 / 3200, 420 / 3200])
+    assert len(analysis.power_vs_batch(["p1", "p2"], tmp_path).axes) == 2
+
+    write_run(tmp_path, "cpu", batch=16)  # no NVML, no RAPL: the record says why
+    summary = tmp_path / "cpu" / "rank0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "peak_power_w": None, "energy_j": None,
+                                   "host_energy_unavailable": "no RAPL package zone under /sys/class/powercap"}))
+    figure = analysis.power_vs_batch(["cpu"], tmp_path)
+    assert "n/a on this hardware (no RAPL package zone" in " ".join(t.get_text() for t in figure.axes[0].texts)
