@@ -124,6 +124,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "read_formats": sorted(analysis.read_table(read_job[0])["format"].unique()),
     "trials": trials["state"].tolist(),
     "tensorboard_files": len(events),
+    "kept_optimizer": day.recall("optimizer"),
     # the trainings share the machine on purpose (alone=False): only the measurements must have been alone
     "overlapped": [r for r in analysis.runs_table([j for j in day.submitted if (analysis.load_run(j).info.get(
         "measurement") or {}).get("alone", True)])["overlapped_by"] if r],
@@ -135,6 +136,7 @@ import json
 print("DLOKIT_PROBE " + json.dumps({{"profile": profile.name, {extra}}}))
 """
 DAY2_CHECKS = {"TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.3 what SyncBatchNorm computes",
+               "TP2.3 unused parameters",
                "TP2.4 augmentation on the device"}
 
 
@@ -222,6 +224,9 @@ def test_day2_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_check
     for name in ("TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"):
         assert found[name]["status"] == "failed", found[name]
     assert "TODO TP2.3" in found["TP2.3 what SyncBatchNorm computes"]["message"]
+    # without DDP nothing waits for a skipped block: the job meant to fail trained, and the check names TP2.2's TODO
+    assert found["TP2.3 unused parameters"]["status"] == "failed"
+    assert "TODO TP2.2" in found["TP2.3 unused parameters"]["message"]
     # the scaling cell refuses the untouched script's 2-task run (srun) instead of plotting a false speed-up
     assert "without DistributedDataParallel" in executed.read_text()
 
@@ -233,6 +238,8 @@ def check_day3(results, probe, profile):
     assert probe["lr_trials"] >= 3 and probe["read_formats"] == ["folder", "raw", "webdataset"]
     assert probe["trials"] == ["COMPLETE", "COMPLETE"] and probe["tensorboard_files"] == 1
     assert probe["shared"] >= len(DAY3_TINY["OPTIMIZERS"]) + 2  # TP3.1's trainings said they shared the machine
+    kept = probe["kept_optimizer"]  # saved for the race: the options of one of TP3.1-3.2's trainings
+    assert kept["optimizer"] in DAY3_TINY["OPTIMIZERS"] and kept["lr"] > 0 and kept["lr_schedule"] == "cosine"
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dlokit.checks.day2 import UNUSED_ERROR
 from dlokit.in_job.measure import StepClock
 from dlokit.in_job.runrecord import read_rank
 
@@ -198,6 +199,22 @@ def test_profiler_writes_one_trace_per_rank(tmp_path, tiny):
 
 # ---- bad input: a short message and exit code 2, checked in-process (one torch import for all) ----
 
+def test_blocks_skipped_for_a_batch_stop_ddp_unless_it_finds_the_unused_parameters(tmp_path, tiny):
+    """--layer-drop: PyTorch's own reducer error on 2 ranks without the flag, a completed training with it."""
+    two_ranks = (TORCHRUN, "--standalone", "--nproc_per_node=2")
+    common = ["--data", tiny, "--batch-size", 4, "--test", "--test-nsteps", 4, "--layer-drop", 0.5]
+    done = train(tmp_path, "nounused", *common, launcher=two_ranks, timeout=120, check=False)
+    assert done.returncode != 0
+    summary = rank_record(tmp_path, "nounused")["summary"]
+    assert summary["status"] == "failed" and UNUSED_ERROR in summary["error"]
+    train(tmp_path, "unused", *common, "--find-unused-parameters", launcher=two_ranks, timeout=120)
+    for rank in (0, 1):
+        summary = rank_record(tmp_path, "unused", rank)["summary"]
+        assert summary["status"] == "completed" and summary["observed"]["ddp_find_unused_parameters"] is True
+        assert summary["layer_drop_skipped"] > 0 and summary["layer_drop_blocks"] == 5  # resnet18's shape-keeping
+        assert summary["params_identical_across_ranks"] is True
+
+
 def refused(capsys, argv, world_size=1) -> str:
     parse_args = common("train_options").parse_args
 
@@ -236,6 +253,8 @@ def test_bad_inputs_are_refused_clearly(capsys, tmp_path, tiny):
     assert "cannot be combined" in refused(capsys, ["--data", tiny, "--augment", "none,mixup"])
     assert "needs image files" in refused(capsys, ["--data", "synthetic", "--augment", "randaugment"])
     assert "--bucket-cap-mb must be positive" in refused(capsys, ["--data", tiny, "--bucket-cap-mb", 0])
+    assert "a probability, at least 0 and below 1" in refused(capsys, ["--data", tiny, "--layer-drop", 1])
+    assert "vgg11 is not a ResNet" in refused(capsys, ["--data", tiny, "--model", "vgg11", "--layer-drop", 0.5])
 
 
 NO_DATA = ("no data set: pass --data PATH (an ImageNet-layout folder), --data synthetic, or make one with: "

@@ -52,6 +52,7 @@ from dlokit.in_job.runrecord import shared_run_id
 from common.checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
 from common.image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform, worker_start
 from common.instrument import Instrument
+from common.layer_drop import add_layer_drop, skipped_blocks
 from common.storage_formats import open_image_data, read_manifest
 from common.tracking import start_tracking, stop_tracking
 from common.train_options import augmentations, parse_args
@@ -266,6 +267,8 @@ def build_model(args, num_classes: int, device, world_size: int):
     model = create_model(args.model, num_classes)
     if args.cifar_stem:
         model = small_image_stem(model)
+    if args.layer_drop:
+        model = add_layer_drop(model, args.layer_drop)
     # TODO TP1.1: the weights must live where the computation happens
     # TODO TP1.3: NHWC weights: tensor-core convolutions need no layout conversion
     model = parallelize(model, args, device, world_size)
@@ -590,7 +593,7 @@ def report(t: Training, ins: Instrument, start: dict) -> None:
     checksums, identical = compare_weights(t.raw_model, t.device)
     ins.finish(steps=t.step, epochs=t.epochs_done, resumed_from_step=start["step"] if t.args.resume else None,
                val_acc=t.val.get("val_acc"), val_acc5=t.val.get("val_acc5"), best_val_acc=t.best_val_acc,
-               param_checksum=checksums.tolist(), params_identical_across_ranks=identical)
+               param_checksum=checksums.tolist(), params_identical_across_ranks=identical, **skipped_blocks(t.raw_model))
     t.say(f"parameters identical across {t.world_size} rank(s): {identical}")
 
 

@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (costs a collective per layer)")
     g.add_argument("--find-unused-parameters", action="store_true",
                    help="DDP: tolerate parameters without gradient (multi-head models, stochastic depth); slower")
+    g.add_argument("--layer-drop", type=float, default=0.0, metavar="P",
+                   help="skip each shape-keeping ResNet block for a whole batch with probability P (stochastic "
+                        "depth by the batch): its parameters then have no gradient that step, which DDP refuses "
+                        "without --find-unused-parameters")
     g.add_argument("--metric-step", type=int, default=1,
                    help="compute and average loss/accuracy across ranks every k steps: each sync stalls the GPU")
     g.add_argument("--bucket-cap-mb", type=float, default=None,
@@ -230,6 +234,10 @@ def check_options(parser, args, world_size: int, cuda_available: bool) -> None:
         parser.error(f"--resume {args.resume}: no such file or folder")
     if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
         parser.error("--bucket-cap-mb must be positive")
+    if not 0 <= args.layer_drop < 1:
+        parser.error(f"--layer-drop {args.layer_drop}: a probability, at least 0 and below 1")
+    if args.layer_drop and not args.model.startswith(("resnet", "resnext", "wide_resnet")):
+        parser.error(f"--layer-drop skips residual blocks: {args.model} is not a ResNet (try resnet18)")
     args.augment = check_augment(parser, args.augment, args.data)
     check_compile(parser, args, on_gpu)
     check_large_batch_options(parser, args, world_size)

@@ -14,7 +14,7 @@ day2.py (the checks of each day). Trace files are read by dlokit.analysis.profil
 from dlokit.analysis.profiler import TYPE_BYTES, collectives_in_trace
 
 from .day1 import AMP_DTYPES, PHASE_LABELS, amp, channels_last, completed, on_device, profiler, run_traces, tf32
-from .day2 import augmentation, bn_statistics, dataloader, ddp, sync_bn
+from .day2 import augmentation, bn_statistics, dataloader, ddp, sync_bn, unused_parameters
 from .day3 import compilation, hpo, lr_finder, optimizers, storage
 from .glance import day_jobs
 from .day4 import context_parallel, fsdp_sharding, loss_match, oom_then_fit, pipeline_bubble, sharded_memory, tensor_parallel
@@ -28,5 +28,5 @@ __all__ = [
     "NOT_APPLICABLE_PREFIX", "PASSED", "PHASE_LABELS", "Part", "RESULTS", "STATUSES", "TYPE_BYTES", "amp",
     "augmentation", "channels_last", "day_jobs", "compilation", "hpo", "lr_finder", "optimizers", "storage", "collectives_in_trace", "completed", "dataloader", "ddp", "observed",
     "on_device", "profiler", "race", "context_parallel", "fsdp_sharding", "loss_match", "oom_then_fit", "pipeline_bubble",
-    "sharded_memory", "tensor_parallel", "results_in_notebook", "run_traces", "scoreboard", "show", "sync_bn", "bn_statistics", "tf32",
+    "sharded_memory", "tensor_parallel", "results_in_notebook", "run_traces", "scoreboard", "show", "sync_bn", "bn_statistics", "unused_parameters", "tf32",
 ]

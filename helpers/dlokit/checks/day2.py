@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from .framework import FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
-from .records import compare_text, effect_part, hardware_words, load, load_completed, observed, on_gpu
+from .records import (compare_text, effect_part, hardware_words, ids, load, load_completed, observed, on_gpu,
+                      why_not_finished)
 
 BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
 
@@ -203,3 +204,45 @@ def augmentation(job_ids, baseline_id=None):
                         what="{label} against " + ("RandAugment" if per_image is not bases else "no augmentation"))
     return from_parts([code, speed], "each run did the augmentation it asked for; mixup/cutmix mixed whole batches "
                       "on the training device", details)
+
+
+UNUSED_ERROR = "Expected to have finished reduction in the prior iteration"  # PyTorch's words, DDP's reducer
+
+
+@check("TP2.3 unused parameters")
+def unused_parameters(without_id, with_id):
+    """--layer-drop skips whole residual blocks for a batch on N ranks: without --find-unused-parameters the job
+    fails with PyTorch's reducer error (the skipped blocks' gradients never came); with it, the same training
+    completes, and its record says blocks were skipped and DDP looked for unused parameters."""
+    from dlokit.analysis import load_run
+    from dlokit.submission.profiles import current_profile
+
+    runs = current_profile().runs
+    without, fixed = load_run(str(ids(without_id)[-1]), runs), load_run(str(ids(with_id)[-1]), runs)
+    error = str(without.summary.get("error") or without.error or "")
+    details = [f"run {without.run_id} (no flag): {without.state}" + (f": {error[:160]}" if error else ""),
+               f"run {fixed.run_id} (--find-unused-parameters): {fixed.state}, blocks skipped "
+               f"{fixed.summary.get('layer_drop_skipped')}, DDP find_unused "
+               f"{observed(fixed).get('ddp_find_unused_parameters')}"]
+    for run in (without, fixed):
+        if run.state == "missing" or run.state.startswith("unreadable"):
+            return failed(why_not_finished(run.run_id, run), details)
+    if without.world_size < 2 or fixed.world_size < 2:
+        return not_applicable("one process: DDP has no other rank to wait for; run them on 2 or more", details)
+    if without.state == "completed":
+        if not observed(without).get("ddp_wrapped"):
+            return failed(f"run {without.run_id} trained without DDP, so nothing waited for the skipped blocks: "
+                          "wrap the model in DistributedDataParallel (TODO TP2.2)", details)
+        return failed(f"run {without.run_id} completed without the flag: were blocks skipped "
+                      f"({without.summary.get('layer_drop_skipped')})? Raise --layer-drop", details)
+    if UNUSED_ERROR not in error:
+        return failed(f"run {without.run_id} ended {without.state}, but not with DDP's unused-parameter error", details)
+    if fixed.state != "completed":
+        return failed(f"run {fixed.run_id} with --find-unused-parameters did not complete: "
+                      f"{why_not_finished(fixed.run_id, fixed)}", details)
+    if not observed(fixed).get("ddp_find_unused_parameters") or not fixed.summary.get("layer_drop_skipped"):
+        return failed(f"run {fixed.run_id} completed, but its record shows no unused parameter to find (DDP "
+                      "find_unused_parameters off, or no block skipped)", details)
+    return passed(f"without the flag DDP stopped at the step after a skipped block ({UNUSED_ERROR}); with "
+                  f"--find-unused-parameters the same training completed, {fixed.summary['layer_drop_skipped']} "
+                  "blocks skipped on rank 0", details)
