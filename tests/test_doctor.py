@@ -97,3 +97,12 @@ def test_a_log_folder_the_nodes_cannot_write_is_named(tmp_path, slurm_cluster_2n
 def test_the_multi_task_check_needs_two_tasks(tmp_path):
     code, output = doctor(tmp_path, "local", "", "--gpus", "1")
     assert code == 2
+
+
+def test_a_machine_with_one_device_is_told_what_it_cannot_check(tmp_path):
+    """A laptop with one GPU (here: a local profile of one device): no 2-task job is asked for, so no false ❌."""
+    code, output = doctor(tmp_path, "one", '[one]\nextends = "local"\ngpus_per_node = 1\n')
+    assert code == 0, output
+    assert line_of(output, "2 tasks") == ("➖ 2 tasks: not checked: this machine offers 1 device(s) (GPUs, or CPU "
+                                          "processes without one), the check 2: the multi-rank TPs need a second one")
+    assert line_of(output, "time limit").startswith("✅")

@@ -74,6 +74,12 @@ def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
     plans = {"time limit": ("sleep", ["600"], 1, limit), "cancel": ("sleep", ["600"], 1, "00:05:00"),
              "2 tasks": ("ranks", [], gpus, "00:05:00"), "compile": ("compile", [], 1, "00:10:00"),
              "data": ("data", [data, str(GENERATED)], 1, "00:05:00")}
+    cards, found = {}, {}
+    machine = profile.node_gpus() if profile.backend != "slurm" else None  # this machine's GPUs, or CPU processes
+    if machine is not None and machine < gpus:  # nothing to ask: the job could never start here
+        del plans["2 tasks"]
+        found["2 tasks"] = not_checked("2 tasks", f"this machine offers {machine} device(s) (GPUs, or CPU processes "
+                                       f"without one), the check {gpus}: the multi-rank TPs need a second one")
     if nodes >= 2:
         plans["2 nodes"] = ("ranks", [], 2 * profile.node_gpus(), "00:05:00")
     gpu_probes = {"GPU device": "gpu-device", "mixed precision": "gpu-amp", "channels_last": "gpu-channels-last",
@@ -81,7 +87,9 @@ def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
     if job_gpus:
         for check, kind in gpu_probes.items():
             plans[check] = (kind, [], 2 if kind == "fsdp" else 1, "00:05:00")
-    cards, found = {}, {}
+        if profile.node_gpus() < 2:
+            del plans["FSDP2"]
+            found["FSDP2"] = not_checked("FSDP2", f"a node has {profile.node_gpus()} GPU: FSDP2 shards over 2")
     for check, (kind, args, n, time_max) in plans.items():
         try:
             cards[check] = submit_probe(profile, kind, *args, n_gpu=n, time_max=time_max)
