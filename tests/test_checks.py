@@ -146,6 +146,21 @@ def test_collectives_measured_in_a_ddp_trace(in_runs):
     assert per_step == pytest.approx(gradient_mib, rel=0.05)
 
 
+def test_communication_per_rank_and_step_from_the_ddp_traces(in_runs):
+    traces = checks.run_traces(dlokit.analysis.load_run("sol-ddp"))
+    assert len(traces) == 2  # one per rank
+    per_step = dlokit.analysis.communication_per_step(traces[0])
+    assert per_step["steps"] == 2 and 0 < per_step["exposed_ms"] <= per_step["comm_ms"] < per_step["step_ms"]
+    figure = dlokit.analysis.communication_timeline(traces)
+    ax = figure.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [Path(t).name.split(".")[0] for t in traces]
+    layers = {c.get_label(): c for c in ax.collections if not c.get_label().startswith("_")}
+    assert set(layers) == {"aten operators (main thread)", "collectives"}
+    spans = dlokit.analysis.profiler.communication_spans(traces[0])
+    assert spans["comm"] and spans["compute"] and len(spans["steps"]) == 2
+    assert "run the job with --profile" in dlokit.analysis.communication_timeline([]).axes[0].texts[0].get_text()
+
+
 def test_checks_never_raise_on_missing_or_broken_runs(in_runs, tmp_path):
     missing = checks.amp("no-such-run", ["nor-this-one"])
     assert not missing.passed and "no-such-run" in missing.message

@@ -4,6 +4,7 @@ Every function accepts run ids, run folders or Run objects, and never fails on a
 running, was killed, failed or is missing: it says so in the table or figure instead. Plots return a
 matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame.
 """
+from dlokit.analysis.comm_timeline import communication_timeline
 from dlokit.analysis.compare import Comparison, compare_runs, fastest_shown
 from dlokit.analysis.compress import compression_plot, compression_table
 from dlokit.analysis.batchnorm import bn_statistics_plot, bn_statistics_table
@@ -37,4 +38,4 @@ __all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "Sca
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",
            "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",
            "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "control_flow_table", "bn_statistics_plot", "bn_statistics_table", "read_plot", "read_table",
-           "power_table", "power_vs_batch"]
+           "power_table", "power_vs_batch", "communication_timeline"]

@@ -251,23 +251,36 @@ def collectives_in_trace(path) -> pd.DataFrame:
 COMMUNICATION_PREFIXES = ("gloo:", "nccl:")  # the backend's own spans of a collective's work (its threads, or kernels)
 
 
+def communication_spans(path) -> dict:
+    """One profiled rank's timeline, in µs of its trace: {"steps": [(start, end)] of each profiled step, "comm":
+    the union of the backend's collective spans (gloo's worker threads, NCCL's kernels), "compute": the union of
+    the aten operators of the main thread (the training loop's)}."""
+    events = timed_events(read_trace(path))
+    main = _main_thread(events)
+    return {"steps": _step_windows(events),
+            "comm": _merge((e["ts"], e["ts"] + e["dur"]) for e in events
+                           if str(e.get("name", "")).startswith(COMMUNICATION_PREFIXES) or
+                           (on_device(e) and is_nccl(e))),
+            "compute": _merge((e["ts"], e["ts"] + e["dur"]) for e in events
+                              if e.get("tid") == main and not on_device(e) and
+                              str(e.get("name", "")).startswith("aten::"))}
+
+
+def within(spans, start: float, end: float):
+    """The merged spans cut to [start, end)."""
+    return _merge((max(a, start), min(b, end)) for a, b in spans if b > start and a < end)
+
+
 def communication_per_step(path) -> dict:
     """How long a profiled rank communicated, per step, from the trace itself: {"steps", "step_ms", "comm_ms",
-    "exposed_ms"}. comm_ms: the union of the backend's collective spans (gloo's worker threads, NCCL's kernels)
-    within each step; exposed_ms: the part of it during which the rank's main thread computed nothing (no aten
-    operator running): communication the backward pass did not hide. Means over the profiled steps."""
-    events = timed_events(read_trace(path))
-    windows = _step_windows(events)
-    comm = _merge((e["ts"], e["ts"] + e["dur"]) for e in events
-                  if str(e.get("name", "")).startswith(COMMUNICATION_PREFIXES) or
-                  (on_device(e) and is_nccl(e)))
-    main = _main_thread(events)
-    compute = _merge((e["ts"], e["ts"] + e["dur"]) for e in events
-                     if e.get("tid") == main and not on_device(e) and str(e.get("name", "")).startswith("aten::"))
+    "exposed_ms"}. comm_ms: the collective spans within each step (communication_spans); exposed_ms: the part of
+    it during which the rank's main thread computed nothing (no aten operator running): communication the
+    backward pass did not hide. Means over the profiled steps."""
+    spans = communication_spans(path)
     rows = []
-    for start, end in windows:
-        inside = _merge((max(a, start), min(b, end)) for a, b in comm if b > start and a < end)
-        rows.append((end - start, _length(inside), _length(inside) - _overlap(inside, compute)))
+    for start, end in spans["steps"]:
+        inside = within(spans["comm"], start, end)
+        rows.append((end - start, _length(inside), _length(inside) - _overlap(inside, spans["compute"])))
     n = max(1, len(rows))
     return {"steps": len(rows), "step_ms": sum(r[0] for r in rows) / n / 1e3,
             "comm_ms": sum(r[1] for r in rows) / n / 1e3, "exposed_ms": sum(r[2] for r in rows) / n / 1e3}
