@@ -100,6 +100,10 @@ def test_resharding_after_forward_keeps_fewer_weights_gathered(runs_dir):
     resharded, kept = memory(runs_dir, "fsdp")["gathered_params_peak"], memory(runs_dir, "fsdp-no-reshard")["gathered_params_peak"]
     assert kept == whole                   # every weight gathered at once
     assert 0 < resharded < 0.5 * whole     # the root (embedding, output) and one block
+    # without resharding, its peak holds what ZeRO-2 holds: the whole weights, gradients and optimizer states as shards
+    ddp, zero2 = memory(runs_dir, "ddp"), memory(runs_dir, "fsdp-no-reshard")
+    for key in ("grads", "optimizer"):
+        assert zero2[key] == pytest.approx(ddp[key] / 2, rel=0.02), (key, zero2, ddp)
     assert memory(runs_dir, "ddp")["gathered_params_peak"] is None
 
 
@@ -233,7 +237,7 @@ def test_memory_views_put_model_and_measurement_side_by_side(runs_dir):
     measured = table[table["source"] == "measured"].set_index("run_id")
     assert measured["states_ratio"].between(0.99, 1.01).all(), measured
     assert measured.loc["fsdp", "params"] == pytest.approx(measured.loc["ddp", "params"] / 2, rel=0.01)
-    assert list(measured["mode"]) == ["ddp ×2", "zero1 ×2", "fsdp ×2", "fsdp no-reshard ×2"]
+    assert list(measured["mode"]) == ["ddp ×2", "zero1 ×2", "fsdp ×2", "fsdp no-reshard = ZeRO-2 ×2"]
     figure = memory_plot(names + ["missing-run"], runs_dir)
     bars = [p for p in figure.axes[0].patches]
     assert len(bars) == 4 * 2 * 5  # runs x (modelled, measured) x categories

@@ -25,13 +25,15 @@ LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer 
 
 
 def mode_label(run) -> str:
-    """'fsdp', 'fsdp no-reshard', 'zero1', 'hsdp 2x2', ... with the options that change memory."""
+    """'fsdp', 'fsdp no-reshard = ZeRO-2', 'zero1', 'hsdp 2x2', ... with the options that change memory. FSDP2 that
+    keeps each block's weights gathered from its forward to its backward holds, at its peak, what ZeRO-2 holds: the
+    whole weights, the gradients and the optimizer states as shards (torchtitan's docs call it ZeRO-2)."""
     config = run.config
     label = str(config.get("mode", "?"))
     if config.get("mode") == "hsdp":
         label += f" {config.get('dp_replicate')}x{config.get('dp_shard')}"
     if config.get("no_reshard_after_forward") and config.get("data_parallel") in ("fsdp", "hsdp"):
-        label += " no-reshard"
+        label += " no-reshard" + (" = ZeRO-2" if config.get("mode") == "fsdp" else "")
     if config.get("activation_checkpointing"):
         label += " +AC"
     if config.get("dtype", "fp32") != "fp32":
