@@ -98,6 +98,28 @@ def test_job_past_its_time_limit_times_out(backend):
     assert "time limit" in outcome.cause
 
 
+# The end of job 59's error log on the local Slurm under load (2026-11-26): its task had failed when the time
+# limit came, and submitit logged the signal after the traceback; Slurm's accounting then said FAILED.
+SIGNAL_AFTER_TRACEBACK = """submitit.core.utils.FailedJobError
+srun: error: vm: task 0: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=59.0
+submitit WARNING (2026-11-26 19:07:50,624) - Bypassing signal SIGCONT
+submitit INFO (2026-11-26 19:07:50,627) - Job has timed out. Ran 1 minutes out of requested 1 minutes.
+submitit WARNING (2026-11-26 19:07:50,627) - Caught signal SIGUSR2 on vm: this job is timed-out.
+submitit INFO (2026-11-26 19:07:50,627) - Job not requeued because: timed-out and not checkpointable.
+"""
+
+
+def test_a_job_whose_time_limit_signal_came_after_its_traceback_reads_timeout(workspace):
+    [job_id] = dlokit.gpu_jobs_submitter(script("fail.py"), n_gpu=1, name="raced", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "FAILED" and "no batch here" in outcome.cause  # the script's own error
+    with open(jobs.find_card(job_id).log_path(0, err=True), "a") as log:
+        log.write(SIGNAL_AFTER_TRACEBACK)
+    outcome = dlokit.job_outcome(job_id)
+    assert outcome.state == "TIMEOUT" and "time limit" in outcome.cause, str(outcome)
+
+
 def test_queue_lists_running_jobs_then_returns(backend):
     [job_id] = dlokit.gpu_jobs_submitter(f"{script('sleep.py')} 4", n_gpu=1, name="queued", time_max="00:02:00")
     table = dlokit.job_table("queued")

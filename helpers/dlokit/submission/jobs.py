@@ -372,6 +372,11 @@ def _task_returncode(card: JobCard, task: int):
         return None
 
 
+def _err_tails(card: JobCard) -> str:
+    """The end of every task's error log (submitit writes its time-limit lines after the task's traceback)."""
+    return "\n".join(tail(card.log_path(task, err=True), 40) for task in range(card.tasks))
+
+
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
     """The end of the first task's traceback that says why it failed (user script first, then submitit's)."""
     texts = [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
@@ -413,7 +418,7 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         raw = traceback_tail(card)
         outcome.cause = _script_error(card) or raw or (_launcher_error(card) if card.backend != "slurm" else "")
         evidence = raw + "\n" + outcome.cause
-        if any(sign in raw for sign in TIMED_OUT_SIGNS):
+        if any(sign in raw or sign in _err_tails(card) for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
         elif any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage):
             outcome.state = "OUT_OF_MEMORY"
