@@ -88,8 +88,8 @@ def check_race(results: list[dict], probe: dict, profile: str) -> None:
     assert race["status"] == "passed" and [p["status"] for p in race["parts"]] == ["passed"] * 4, race
     assert probe["profile"] == profile
     # the form's values reached the run, after the day's sizes (the later option wins)
-    at = probe["options"].index("--optimizer")
-    assert probe["options"][at:at + 4] == ["--optimizer", "sgd", "--lr-schedule", "cosine"]
+    options = probe["options"]
+    assert [options[options.index(o) + 1] for o in ("--optimizer", "--lr-schedule")] == ["sgd", "cosine"]
     assert probe["argv"][-len(probe["options"]):] == probe["options"] and "--lr" in probe["argv"]
     # every planned epoch ran and was validated, in one segment (nothing preempted it)
     assert probe["planned_epochs"] >= 1 and probe["segments"] == 1
