@@ -30,10 +30,11 @@ def communication_timeline(traces):
             bars = [((a - first) / 1e3, (b - a) / 1e3) for a, b in within(spans[name], first, last)]
             ax.broken_barh(bars, (row + 0.05 + 0.45 * offset, 0.4), color=color, label=label if row == 0 else None)
         for start, _ in spans["steps"]:
-            ax.axvline((start - first) / 1e3, ymin=row / len(traces), ymax=(row + 1) / len(traces), color="grey",
-                       linestyle=":", linewidth=0.8)
+            ax.axvline((start - first) / 1e3, ymin=row / len(traces), ymax=(row + 1) / len(traces), color="black",
+                       linestyle="--", linewidth=1.0)
     ax.set_yticks([r + 0.5 for r in range(len(traces))], [t.name.split(".")[0] for t in traces])
-    ax.set(xlabel="ms from the rank's first profiled step (dotted: a new step)", ylim=(0, len(traces)),
-           title="per rank: computation and collectives, step by step")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set(xlabel="ms from the rank's first profiled step (dashed: a step starts; blank: neither, e.g. waiting for "
+                  "data)", ylim=(0, len(traces)))
+    ax.set_title("per rank: computation and collectives, step by step", pad=22)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
     return figure
