@@ -95,6 +95,19 @@ def write_bn_statistics(runs, run_id, *, synced, own=0.55, world_size=2):
     return run_id
 
 
+def write_layer_drop(runs, run_id, *, observed, error=None, skipped=7):
+    """A 2-rank --layer-drop training: failed with `error` (rank 0 first), or completed with `skipped` blocks skipped."""
+    for rank in range(2):
+        recorder = RunRecorder({"model": "resnet18", "layer_drop": 0.5, "world_size": 2}, rank=rank, world_size=2,
+                               run_id=run_id, runs_dir=runs, script="train_classifier.py")
+        recorder.amend(observed=observed)
+        if error:
+            recorder.finish(status="failed", error=error)
+        else:
+            recorder.finish(steps=3, layer_drop_skipped=skipped, layer_drop_blocks=5, observed=observed)
+    return run_id
+
+
 @pytest.fixture
 def cpu_records(runs):
     write(runs, "base", observed={**SOLUTION, "amp_dtype": "float32", "channels_last_input": False,
@@ -107,6 +120,12 @@ def cpu_records(runs):
     write(runs, "stu-ddp", observed=STUDENT, world_size=2)
     write_bn_statistics(runs, "bn-sol", synced=1.2e-7)
     write_bn_statistics(runs, "bn-stu", synced=0.55)  # no all-reduce: each rank's own statistics
+    reducer = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. "
+               "This error indicates that your module has parameters that were not used in producing loss.")
+    write_layer_drop(runs, "ld-sol-without", observed=SOLUTION, error=reducer)
+    write_layer_drop(runs, "ld-sol-with", observed={**SOLUTION, "ddp_find_unused_parameters": True})
+    write_layer_drop(runs, "ld-stu-without", observed=STUDENT)  # no DDP: nothing waits for a skipped block
+    write_layer_drop(runs, "ld-stu-with", observed=STUDENT)
     return runs
 
 
@@ -115,6 +134,7 @@ def test_solution_like_records_on_a_cpu_pass_or_are_not_applicable(cpu_records):
                checks.tf32("base", ["sol"]), checks.channels_last(["sol"], baseline_id="base"),
                checks.profiler(["sol"]), checks.dataloader("base", "sol"), checks.ddp(["sol", "sol-ddp"], world_size=2),
                checks.sync_bn(["sol-ddp"]), checks.bn_statistics("bn-sol"),
+               checks.unused_parameters("ld-sol-without", "ld-sol-with"),
                checks.augmentation(["sol"], baseline_id="base")]
     for result in results:
         assert result.status in (checks.PASSED, checks.NOT_APPLICABLE), result
@@ -159,6 +179,7 @@ def test_student_like_records_fail_every_tp_with_a_todo(cpu_records):
         "TP2.1 DataLoader tuned": (checks.dataloader("base", "stu"), "TODO TP2.1"),
         "TP2.2 data parallelism": (checks.ddp(["stu-ddp"], world_size=2), "TODO TP2.2"),
         "TP2.3 what SyncBatchNorm computes": (checks.bn_statistics("bn-stu"), "TODO TP2.3"),
+        "TP2.3 unused parameters": (checks.unused_parameters("ld-stu-without", "ld-stu-with"), "TODO TP2.2"),
         "TP2.4 augmentation on the device": (checks.augmentation(["stu"]), "TODO TP2.4"),
     }
     for name, (result, words) in expected.items():

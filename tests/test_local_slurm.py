@@ -162,6 +162,11 @@ def test_more_tasks_than_cores_with_overcommit(cluster):
 def test_a_step_over_its_memory_is_killed_and_its_peak_recorded(cluster):
     job = cluster.sbatch("--mem=200M", wrap=f"srun {sys.executable} {HOG} 1000 5")
     state, code = cluster.wait(job)
+    for _ in range(20):  # under load slurmdbd once had the FAILED state before the exit code (0:0): a moment later
+        if code != "0:0":
+            break
+        time.sleep(0.5)
+        state, code = cluster.sacct(job)
     assert state in ("OUT_OF_MEMORY", "FAILED") and code != "0:0", (state, code)
     assert "exceeded memory limit" in cluster.output(job)
     steps = cluster.run("sacct", "-n", "-P", "-j", job, "-o", "JobID,MaxRSS").split()

@@ -82,6 +82,8 @@ cleanup() {
     [[ -n "$ready" ]] || { log "start failed, stopping; logs in $LOG"; "$HERE/stop.sh" "$STATE_DIR"; }
 }
 trap cleanup EXIT
+set -E # the ERR trap in functions too: which command stopped the start, in its log line
+trap 'log "failed at line $LINENO: $BASH_COMMAND (exit $?)"' ERR
 
 for port in "$CTLD_PORT" $(seq "$SLURMD_PORT" $((SLURMD_PORT + NODES - 1))) "$DBD_PORT" "$DB_PORT"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
