@@ -637,7 +637,8 @@ def report(t: Training, ins: Instrument, start: dict) -> None:
     checksums, identical = compare_weights(t.raw_model, t.device)
     ins.finish(steps=t.step, epochs=t.epochs_done, resumed_from_step=start["step"] if t.args.resume else None,
                val_acc=t.val.get("val_acc"), val_acc5=t.val.get("val_acc5"), best_val_acc=t.best_val_acc,
-               param_checksum=checksums.tolist(), params_identical_across_ranks=identical, **skipped_blocks(t.raw_model))
+               param_checksum=checksums.tolist(), params_identical_across_ranks=identical,
+               **skipped_blocks(t.raw_model))
     t.say(f"parameters identical across {t.world_size} rank(s): {identical}")
 
 

@@ -189,7 +189,8 @@ def kept_optimizer(tuned_jobs, range_test_jobs=(), runs_dir=None) -> tuple[dict,
     sgd = next((r for r in runs.values() if r.config.get("optimizer") == "sgd" and r.run_id not in range_test_jobs),
                None)
     if sgd is None or not top1[sgd.run_id].usable:
-        return {}, "TP3.1's SGD training at the large batch did not finish: nothing kept, the race uses the script's defaults"
+        return {}, ("TP3.1's SGD training at the large batch did not finish: nothing kept, the race uses the "
+                    "script's defaults")
 
     def above_sgd(run_id):
         return top1[run_id].usable and top1[run_id].low > top1[sgd.run_id].high
