@@ -219,7 +219,7 @@ def unused_parameters(without_id, with_id):
 
     runs = current_profile().runs
     without, fixed = load_run(str(ids(without_id)[-1]), runs), load_run(str(ids(with_id)[-1]), runs)
-    error = str(without.summary.get("error") or without.error or "")
+    error = without.error or ""
     details = [f"run {without.run_id} (no flag): {without.state}" + (f": {error[:160]}" if error else ""),
                f"run {fixed.run_id} (--find-unused-parameters): {fixed.state}, blocks skipped "
                f"{fixed.summary.get('layer_drop_skipped')}, DDP find_unused "

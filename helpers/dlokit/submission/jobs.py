@@ -418,7 +418,8 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         raw = traceback_tail(card)
         outcome.cause = _script_error(card) or raw or (_launcher_error(card) if card.backend != "slurm" else "")
         evidence = raw + "\n" + outcome.cause
-        if any(sign in raw or sign in _err_tails(card) for sign in TIMED_OUT_SIGNS):
+        logs = raw + "\n" + _err_tails(card)
+        if any(sign in logs for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
         elif any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage):
             outcome.state = "OUT_OF_MEMORY"

@@ -2,7 +2,8 @@
 
 Day 1 keeps the precision, the batch and the memory layout its measurements showed best; Day 2 keeps the
 DataLoader settings; Day 3 the optimiser and its learning rate (with the batch it was set for and the rule that
-scales it to another batch, the warm-up and the schedule). A day saves a choice with `day.remember(amp="bf16")` in the student's course notes
+scales it to another batch, the warm-up and the schedule). A day saves a choice with `day.remember(amp="bf16")`
+in the student's course notes
 (`<runs>/course-notes-<nickname>.json`). A later day asks for them, `setup_day(..., carry_from=[1, 2])`: the
 set-up cell prints what it carries ("from Day 1: bf16, batch 64, channels_last"), and every `day.command()`
 starts from those options. A TP's own options win where they name the same option (`--amp none`,
@@ -39,7 +40,7 @@ def _optimizer_options(chosen: dict) -> list[str]:
 
 def _optimizer_shown(chosen: dict) -> str:
     if not chosen:
-        return "the script's optimiser (nothing trained above SGD's defaults)"
+        return "nothing kept (TP3.1's SGD training did not finish): the script's optimiser"
     words = [f"{chosen['optimizer']}, lr {float(chosen['lr']):.3g}"]
     if chosen.get("lr_scaling", "none") != "none":
         words[0] += f" at batch {chosen['base_batch_size']} ({chosen['lr_scaling']} scaling to another batch)"
@@ -58,7 +59,8 @@ CHOICES = (
     Choice("loader", 2, lambda v: [str(o) for o in v], lambda v: _loader_shown(v) if v else "no DataLoader workers"),
     Choice("optimizer", 3, _optimizer_options, _optimizer_shown),
 )
-DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers", 3: "SGD at its default learning rate"}  # the script's, when nothing is saved
+DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers",  # the script's, when nothing is saved
+            3: "SGD at its default learning rate"}
 
 
 def option_groups(argv) -> list[tuple[str, list[str]]]:
