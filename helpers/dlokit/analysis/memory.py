@@ -129,9 +129,12 @@ def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_compute")
     for b in ooms["batch_size"]:
         ax.axvline(b, color="tab:red", alpha=0.4, label="out of memory" if b == ooms["batch_size"].iloc[0] else None)
     chosen = speeds[speeds["tied"]].iloc[0]
+    last = chosen["batch_size"] == speeds["batch_size"].max()  # then the label goes left, inside the axes
     ax.annotate(f"chosen: batch {int(chosen['batch_size'])}\n(smallest within noise of the fastest)",
-                (chosen["batch_size"], chosen[metric]), fontsize=8, xytext=(5, -22), textcoords="offset points")
-    ax.set(xlabel="batch size (per GPU)", ylabel="images / s", title="throughput vs batch size", xscale="log")
+                (chosen["batch_size"], chosen[metric]), fontsize=8, xytext=(-8 if last else 5, -22),
+                textcoords="offset points", ha="right" if last else "left")
+    ax.set(xlabel="batch size (per GPU)", ylabel=f"images / s ({metric.removeprefix('throughput_')})",
+           title="throughput vs batch size", xscale="log")
     ax.set_xticks(speeds["batch_size"], [str(int(b)) for b in speeds["batch_size"]])
     ax.minorticks_off()
     ax.legend(fontsize=8)
