@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dlokit.in_job import rank as job
+from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
 
@@ -93,4 +94,4 @@ def largest_difference(statistics, reference) -> float:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    leave_now(main())  # without the interpreter's teardown: see dlokit.in_job.peers.leave_now

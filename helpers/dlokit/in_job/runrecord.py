@@ -13,6 +13,7 @@ raises on what it finds: a file it cannot use makes the rank's state "unreadable
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import json
 import os
 import platform
@@ -144,11 +145,9 @@ def describe_hardware(device=None) -> dict:
             info["gpu_count"] = 0
     except ImportError:
         pass
-    try:
-        import torchvision
-
-        info["torchvision"] = torchvision.__version__
-    except ImportError:
+    try:  # the installed version, without importing torchvision (a second of CPU in a job that has no use for it)
+        info["torchvision"] = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
         pass
     return info
 

@@ -9,6 +9,7 @@ run sees the same global batch as a single process.
 """
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -16,18 +17,28 @@ import torch
 
 
 def stdlib_text_bytes(max_bytes: int = 8_000_000) -> torch.Tensor:
-    """The standard library's .py files, concatenated in sorted order, as a uint8 tensor."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    """The standard library's .py files in sorted path order (tests and site-packages left out), concatenated,
+    as a uint8 tensor."""
     chunks, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
-        data = path.read_bytes()
+    for path in _stdlib_sources(sysconfig.get_paths()["stdlib"]):
+        data = Path(path).read_bytes()
         chunks.append(data)
         total += len(data)
         if total >= max_bytes:
             break
     return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+
+
+def _stdlib_sources(folder: str):
+    """Depth first, names sorted: the order of sorted(Path.rglob). The skipped folders are never walked (they
+    hold most of the files: a full rglob took 0.3 s of every job)."""
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name not in ("site-packages", "test"):
+                    yield from _stdlib_sources(entry.path)
+            elif entry.name.endswith(".py"):
+                yield entry.path
 
 
 class TokenBatches:
