@@ -1,12 +1,15 @@
 """Run N ranks of a script on this machine as srun does: one process each, with RANK, WORLD_SIZE, LOCAL_RANK and
-the master's address in its environment. No torchrun process in between: one interpreter (and one torch import)
-less per launch, which the Day 4 tests make some sixty times. Rank 0's output comes first, then rank 1's..."""
+the master's address in its environment. No torchrun process in between, and each rank forked from a server that has
+imported torch already (tests/preloaded.py): the Day 4 tests start some sixty launches. Rank 0's output comes first,
+then rank 1's..."""
 from __future__ import annotations
 
 import socket
 import subprocess
 import tempfile
 import time
+
+import preloaded
 
 FAILED_RANK_GRACE_S = 15  # once a rank has failed, how long the others may take to end (they record why)
 
@@ -22,8 +25,8 @@ def run_ranks(command: list[str], nproc: int, env: dict, timeout: float) -> subp
     a rank still running `FAILED_RANK_GRACE_S` after another failed, or at `timeout`, is killed."""
     port = str(free_port())
     with tempfile.TemporaryDirectory() as folder:
-        logs = [(open(f"{folder}/{r}.out", "w+"), open(f"{folder}/{r}.err", "w+")) for r in range(nproc)]
-        processes = [subprocess.Popen(command, stdout=out, stderr=err, text=True, env={
+        logs = [(f"{folder}/{r}.out", f"{folder}/{r}.err") for r in range(nproc)]
+        processes = [preloaded.start(command, stdout=out, stderr=err, env={
             **env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for r, (out, err) in enumerate(logs)]
         deadline, failed_at = time.monotonic() + timeout, None
@@ -38,11 +41,7 @@ def run_ranks(command: list[str], nproc: int, env: dict, timeout: float) -> subp
                 break
             time.sleep(0.05)
         codes = [p.wait() for p in processes]
-        texts = []
-        for out, err in logs:
-            out.seek(0), err.seek(0)
-            texts.append((out.read(), err.read()))
-            out.close(), err.close()
+        texts = [(preloaded.read(out), preloaded.read(err)) for out, err in logs]
     code = next((c for c in codes if c != 0), 0)
     if any(c is not None and c < 0 for c in codes) and time.monotonic() > deadline:
         raise subprocess.TimeoutExpired(command, timeout, output="".join(t[0] for t in texts))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dlokit.memory_model import estimate, estimate_for_run, per_rank_table
+import preloaded
 from ranks import run_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def launch(runs_dir, run_id, args, nproc=2, script=SOLUTION, check=True, timeout
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         env.pop(key, None)
     command = [sys.executable, str(script), *args, "--runs-dir", str(runs_dir)]
-    result = (subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout) if nproc == 1 else
+    result = (preloaded.run(command, env=env, timeout=timeout) if nproc == 1 else
               run_ranks(command, nproc, env, timeout=timeout))
     if check and result.returncode != 0:
         raise AssertionError(f"{run_id} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import preloaded
 from ranks import run_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def launch(tmp_path, run_id, args, nproc=1, check=True, env=None, oom_at=None):
     command = [sys.executable, *([str(INJECT), "oom", oom_at] if oom_at else []), str(SCRIPT),
                *args, "--runs-dir", str(tmp_path / "runs")]  # oom_at "RANK:STEP": through tests/job_scripts/inject.py
     if nproc == 1:
-        result = subprocess.run(command, env=clean_env(run_id, env), capture_output=True, text=True, timeout=240)
+        result = preloaded.run(command, env=clean_env(run_id, env), timeout=240)
     else:
         result = run_ranks(command, nproc, clean_env(run_id, env), timeout=240)
     if check and result.returncode != 0:
