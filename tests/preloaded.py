@@ -102,10 +102,14 @@ class Started:
         return self.process.exitcode
 
     def kill(self):
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_session(self.pid)
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def start(command: list[str], env: dict | None = None, cwd=None, stdout: str = os.devnull, stderr: str = os.devnull):
@@ -130,7 +134,7 @@ def run(command: list[str], env: dict | None = None, cwd=None, timeout: float | 
         try:
             code = started.wait(timeout)
         except subprocess.TimeoutExpired:
-            started.kill()
+            _kill_session(started.pid)
             started.wait()
             raise subprocess.TimeoutExpired(command, timeout, output=read(out), stderr=read(err)) from None
         return subprocess.CompletedProcess(command, code, read(out), read(err))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 
 import dlokit
@@ -52,9 +53,9 @@ def records(tmp_path_factory):
         env = {**os.environ, "DLOKIT_RUN_ID": run_id, "DLOKIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
             env.pop(key, None)
-        log = open(root / f"{run_id}.log", "w")
-        processes[run_id] = subprocess.Popen([*launcher, script, "--data", str(data), *TINY, *options],
-                                             env=env, stdout=log, stderr=subprocess.STDOUT)
+        log = str(root / f"{run_id}.log")
+        processes[run_id] = preloaded.start([*launcher, script, "--data", str(data), *TINY, *options], env=env,
+                                            stdout=log, stderr=log)
     for run_id, process in processes.items():
         assert process.wait(timeout=240) == 0, (root / f"{run_id}.log").read_text()[-3000:]
     return runs

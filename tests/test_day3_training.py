@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 
 from dlokit.in_job.runrecord import read_rank
@@ -42,7 +43,7 @@ def load(path: Path, name: str):
 def run(runs: Path, run_id: str, *args, script=SCRIPT, env=None, check=True, timeout=300):
     cmd = [PYTHON, str(script), "--runs-dir", str(runs), *TINY, *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    done = preloaded.run(cmd, env=env, cwd=REPO, timeout=timeout)
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done

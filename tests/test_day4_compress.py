@@ -2,10 +2,10 @@
 measured (size, inference speed, validation loss) by compress_bench.py and shown by dlokit.analysis.compress."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 import torch
 
@@ -21,8 +21,8 @@ model_lib = common("model", llm=True)
 
 def run_bench(tmp_path, run_id, *options):
     env = {**os.environ, "DLOKIT_RUN_ID": run_id, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(LLM / "compress_bench.py"), *options, "--runs-dir", str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return preloaded.run([sys.executable, str(LLM / "compress_bench.py"), *options, "--runs-dir", str(tmp_path)],
+                         env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ not. (`train_llm.py --mode cp` training with the ring attention against one proc
 """
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 
 from dlokit.material.build import student_copy
@@ -99,15 +99,14 @@ def test_untouched_student_ring_attention_does_not_match(student, tmp_path):
     ("check_tp.py", ["--ffn-dim", "175"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, "not divisible"),
 ])
 def test_bad_options_are_refused_before_starting(tmp_path, script, options, env, message):
-    result = subprocess.run([sys.executable, str(LLM / script), *options, "--runs-dir", str(tmp_path)],
-                            env=clean_env("bad", **env), capture_output=True, text=True, timeout=120)
+    result = preloaded.run([sys.executable, str(LLM / script), *options, "--runs-dir", str(tmp_path)],
+                           env=clean_env("bad", **env), timeout=120)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("script", ["check_tp.py", "check_cp.py"])
 def test_solution_flag_needs_a_solutions_folder(student, tmp_path, script):
     """A student folder has no solutions/: --solution must say so, not check the student's copy instead."""
-    result = subprocess.run([sys.executable, str(student / script), "--solution", "--runs-dir", str(tmp_path)],
-                            env=clean_env("bad", WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"),
-                            capture_output=True, text=True, timeout=120)
+    result = preloaded.run([sys.executable, str(student / script), "--solution", "--runs-dir", str(tmp_path)],
+                           env=clean_env("bad", WORLD_SIZE="2", RANK="0", LOCAL_RANK="0"), timeout=120)
     assert result.returncode == 2 and "no solutions folder" in result.stderr, result.stderr[-2000:]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import preloaded
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -55,8 +56,8 @@ def converted(jpeg) -> Path:
 
 
 def run(*cmd, env=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, *map(str, cmd)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return preloaded.run([PYTHON, *map(str, cmd)], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                         cwd=REPO, timeout=timeout)
 
 
 # ---- conversion and checksums ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import preloaded
 import pytest
 
 from dlokit.checks.day2 import UNUSED_ERROR
@@ -63,16 +64,8 @@ def env_for(run_id: str) -> dict:
 
 def train(runs: Path, run_id: str, *args, launcher=(PYTHON,), timeout=240, script=SCRIPT, check=True):
     cmd = [*launcher, str(script), "--runs-dir", str(runs), *SMALL, *map(str, args)]
-    # A session of its own, so that a timeout also ends the workers torchrun started.
-    with subprocess.Popen(cmd, cwd=REPO, env=env_for(run_id), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise
-    done = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+    # in a session of its own: a timeout also ends the workers torchrun started
+    done = preloaded.run(cmd, env=env_for(run_id), cwd=REPO, timeout=timeout)
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done
