@@ -34,9 +34,11 @@ def _server():
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
-        # sys.path of `python script.py`, after its first entry (the script's folder): pytest adds folders of its own
+        # sys.path of `python script.py` after its first entry (the script's folder) and PYTHONPATH's entries
+        # (the script's own environment adds those): pytest adds folders of its own to the server's
+        bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         printed = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-                                 capture_output=True, text=True, check=True).stdout
+                                 env=bare, capture_output=True, text=True, check=True).stdout
         _fresh_path = json.loads(printed)
     return _context
 
@@ -69,7 +71,8 @@ def _run_script(argv, env, cwd, out_path, err_path, fresh_path):  # in the forke
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     script = os.path.abspath(argv[0])
     sys.argv = [argv[0], *argv[1:]]
-    sys.path[:] = [os.path.dirname(script), *fresh_path]
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(script), *extra, *fresh_path]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit:
