@@ -86,10 +86,20 @@ def _run_script(argv, env, cwd, out_path, err_path, fresh_path):  # in the forke
 
 
 class Started:
-    """A script started through the server: pid, poll(), wait(timeout), kill() and returncode, as subprocess.Popen."""
+    """A script started through the server: pid, poll(), wait(timeout), kill(), send_signal(), communicate() and
+    returncode, as subprocess.Popen (communicate reads the files its output went to)."""
 
-    def __init__(self, process: multiprocessing.Process, command: list[str]):
+    def __init__(self, process: multiprocessing.Process, command: list[str], stdout: str, stderr: str):
         self.process, self.args, self.pid = process, command, process.pid
+        self.stdout_path, self.stderr_path = stdout, stderr
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def communicate(self, timeout=None) -> tuple[str, str | None]:
+        self.wait(timeout)
+        merged = self.stderr_path == self.stdout_path
+        return read(self.stdout_path), None if merged else read(self.stderr_path)
 
     @property
     def returncode(self):
@@ -125,7 +135,15 @@ def start(command: list[str], env: dict | None = None, cwd=None, stdout: str = o
             return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
     process = _server().Process(target=_run_script, args=(argv, env, cwd, str(stdout), str(stderr), _fresh_path))
     process.start()
-    return Started(process, command)
+    return Started(process, command, str(stdout), str(stderr))
+
+
+def popen(command: list[str], env: dict | None = None, cwd=None, merge_stderr: bool = False):
+    """Popen(command, stdout=PIPE, stderr=PIPE or STDOUT, text=True, start_new_session=True), through the server:
+    the output goes to files of a temporary folder, which communicate() reads."""
+    folder = tempfile.mkdtemp(prefix="preloaded-")
+    out = os.path.join(folder, "out")
+    return start(command, env, cwd, out, out if merge_stderr else os.path.join(folder, "err"))
 
 
 def run(command: list[str], env: dict | None = None, cwd=None, timeout: float | None = None) -> subprocess.CompletedProcess:

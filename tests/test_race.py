@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import preloaded
 import pytest
 
 import dlokit
@@ -43,8 +44,11 @@ def script(runs: Path, run_id: str, *args, nproc: int = 1, env: dict | None = No
     """The reference script (inject: a fault, through tests/job_scripts/inject.py)."""
     launcher = [PYTHON] if nproc == 1 else [str(Path(PYTHON).with_name("torchrun")), "--nproc_per_node", str(nproc)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen([*launcher, *([str(INJECT), *inject] if inject else []), str(SCRIPT), "--runs-dir", str(runs), *TINY, "--print-every", "1000",
-                             *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    command = [*launcher, *([str(INJECT), *inject] if inject else []), str(SCRIPT), "--runs-dir", str(runs), *TINY,
+               "--print-every", "1000", *map(str, args)]
+    if nproc == 1:  # forked from a server that has imported torch (tests/preloaded.py)
+        return preloaded.popen(command, env=env, merge_stderr=True)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
