@@ -147,6 +147,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("slurm-2n"))
         elif getattr(item.module, "__name__", "") in SHARED_LAUNCHES and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=_longest_first)
+
+
+def _longest_first(item) -> int:
+    """xdist hands out work in collection order: the longest units first (the local notebooks, ~8 min on one worker,
+    then the two-node cluster's tests, then the `slow` ones), so that short tests fill the end, not a long one."""
+    group = item.get_closest_marker("xdist_group")
+    name = group.args[0] if group and group.args else group.kwargs.get("name") if group else None
+    return 0 if name == "local-notebooks" else 1 if name == "slurm-2n" else 2 if item.get_closest_marker("slow") else 3
 
 
 # Modules whose tests share launches through a module fixture (the same runs read by several tests): one worker

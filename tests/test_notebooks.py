@@ -147,9 +147,12 @@ LOCAL_NOTEBOOK = pytest.mark.xdist_group("local-notebooks")
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """Job logs and run records in a fresh folder; the kernel inherits these variables. The device locks
-    stay the machine's: two notebook tests on two pytest workers take turns for the CPU, as two students'
-    notebooks would (a notebook sizes its runs from the cores it sees, so the tests do not pin them)."""
+    """Job logs, run records and device locks in a fresh folder; the kernel inherits these variables. The local
+    notebooks run one after the other (LOCAL_NOTEBOOK): with the machine's locks their jobs also waited for other
+    tests' local jobs (one of Day 2's for 25 s after its own had ended, 2026-11-26), though the tests that start
+    their processes directly share the CPU with them all along.
+    A notebook sizes its runs from the cores it sees, so the tests do not pin them."""
+    monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("DLOKIT_LOG_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
