@@ -29,6 +29,9 @@ def workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("DLOKIT_LOCK_DIR", str(tmp_path / "locks"))  # device locks of this test only
     monkeypatch.delenv("DLOKIT_PROFILE", raising=False)
+    from dlokit.submission import profiles
+
+    monkeypatch.setattr(profiles, "_current", None)  # the default profile, whatever an earlier test chose
     return tmp_path
 
 
