@@ -3,7 +3,7 @@ torch._dynamo: multiprocessing's forkserver, as the training scripts start their
 (tp_scripts/common/image_data.worker_start).
 
 Why: those three imports cost ~3 s of a core in every process, before the script's first line, and the tests that
-start ranks themselves start some three hundred; on CI's two cores the suite is CPU-bound. What stays fresh in every
+start ranks themselves start some three hundred; on CI's two cores the suite was CPU-bound (idle 6-8 %). What stays fresh in every
 process: the script, its own modules (tp_scripts/..., dlokit), its environment, working directory, arguments and
 sys.path (those of `python script.py`), and its thread count (OMP_NUM_THREADS). The launch paths themselves (a new
 interpreter under srun, torchrun or the local launcher) are the notebook, submission and Slurm tests'.
@@ -70,7 +70,7 @@ def _run_script(argv, env, cwd, out_path, err_path, fresh_path):  # in the forke
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     script = os.path.abspath(argv[0])
-    sys.argv = [argv[0], *argv[1:]]
+    sys.argv = list(argv)
     extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(script), *extra, *fresh_path]
     try:
