@@ -154,8 +154,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _longest_first(item) -> int:
-    """xdist hands out work in collection order: the longest units first (the local notebooks, ~8 min on one worker,
-    then the two-node cluster's tests, then the `slow` ones), so that short tests fill the end, not a long one."""
+    """The longest first (the local notebooks, the two-node cluster's tests, then the `slow` ones), so that short
+    tests fill the end, not a long one. xdist's loadgroup hands out its groups by test count first (loadscopereorder),
+    then single tests in this order."""
     group = item.get_closest_marker("xdist_group")
     name = group.args[0] if group and group.args else group.kwargs.get("name") if group else None
     return 0 if name == "local-notebooks" else 1 if name == "slurm-2n" else 2 if item.get_closest_marker("slow") else 3
