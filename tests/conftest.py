@@ -158,8 +158,13 @@ def _longest_first(item) -> int:
     tests fill the end, not a long one. xdist's loadgroup hands out its groups by test count first (loadscopereorder),
     then single tests in this order."""
     group = item.get_closest_marker("xdist_group")
-    name = group.args[0] if group and group.args else group.kwargs.get("name") if group else None
-    return 0 if name == "local-notebooks" else 1 if name == "slurm-2n" else 2 if item.get_closest_marker("slow") else 3
+    name = (group.args or [group.kwargs.get("name")])[0] if group else None
+    if name in LONGEST_GROUPS:
+        return LONGEST_GROUPS.index(name)
+    return len(LONGEST_GROUPS) + (0 if item.get_closest_marker("slow") else 1)
+
+
+LONGEST_GROUPS = ["local-notebooks", "slurm-2n"]
 
 
 # Modules whose tests share launches through a module fixture (the same runs read by several tests): one worker

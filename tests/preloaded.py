@@ -3,10 +3,11 @@ torch._dynamo: multiprocessing's forkserver, as the training scripts start their
 (tp_scripts/common/image_data.worker_start).
 
 Why: those three imports cost ~3 s of a core in every process, before the script's first line, and the tests that
-start ranks themselves start some three hundred; on CI's two cores the suite was CPU-bound (idle 6-8 %). What stays fresh in every
-process: the script, its own modules (tp_scripts/..., dlokit), its environment, working directory, arguments and
-sys.path (those of `python script.py`), and its thread count (OMP_NUM_THREADS). The launch paths themselves (a new
-interpreter under srun, torchrun or the local launcher) are the notebook, submission and Slurm tests'.
+start ranks themselves start some three hundred; on CI's two cores the suite was CPU-bound (idle 6-8 %). What stays
+fresh in every process: the script, its own modules (tp_scripts/..., dlokit), its environment, working directory,
+arguments and sys.path (those of `python script.py`), and its thread count (OMP_NUM_THREADS). The launch paths
+themselves (a new interpreter under srun, torchrun or the local launcher) are the notebook, submission and Slurm
+tests'.
 
 A command that is not `python [-u] [-B] script.py ...` (torchrun, `python -c`) starts as a plain subprocess.
 """
@@ -141,6 +142,8 @@ def start(command: list[str], env: dict | None = None, cwd=None, stdout: str = o
 def popen(command: list[str], env: dict | None = None, cwd=None, merge_stderr: bool = False):
     """Popen(command, stdout=PIPE, stderr=PIPE or STDOUT, text=True, start_new_session=True), through the server:
     the output goes to files of a temporary folder, which communicate() reads."""
+    if script_argv(command) is None:
+        raise ValueError(f"preloaded.popen starts `python script.py ...` only, not {command[:2]}: use subprocess.Popen")
     folder = tempfile.mkdtemp(prefix="preloaded-")
     out = os.path.join(folder, "out")
     return start(command, env, cwd, out, out if merge_stderr else os.path.join(folder, "err"))

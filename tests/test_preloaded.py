@@ -71,3 +71,8 @@ def test_other_commands_start_as_plain_subprocesses(tmp_path):
     assert preloaded.script_argv(["torchrun", "--standalone", "x.py"]) is None
     done = preloaded.run([sys.executable, "-c", "print('plain')"], cwd=tmp_path, timeout=60)
     assert done.returncode == 0 and done.stdout == "plain\n"
+
+
+def test_popen_refuses_what_is_not_a_script():
+    with pytest.raises(ValueError, match="python script.py"):
+        preloaded.popen(["torchrun", "--standalone", "x.py"])
