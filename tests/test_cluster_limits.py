@@ -131,7 +131,11 @@ def test_a_pending_array_element_stays_in_the_queue_view(local_slurm):
     deadline = time.time() + 60
     while dlokit.job_outcome(ids[0]).state != "RUNNING" and time.time() < deadline:
         time.sleep(0.5)
-    rows = {row["job_id"]: row for row in dlokit.job_table("array", job_ids=ids).to_dict("records")}
+    while True:  # Slurm gives a waiting element its reason at its next scheduling pass, "None" until then
+        rows = {row["job_id"]: row for row in dlokit.job_table("array", job_ids=ids).to_dict("records")}
+        if all(rows[waiting]["reason"] for waiting in ids[1:]) or time.time() > deadline:
+            break
+        time.sleep(0.5)
     assert rows[ids[0]]["state"] == "RUNNING"
     for waiting in ids[1:]:  # squeue alone writes them as one line, <id>_[1-2]
         assert rows[waiting]["state"] == "PENDING" and rows[waiting]["reason"], rows
