@@ -95,10 +95,18 @@ def test_two_students_one_after_the_other_then_at_once(class_folder):
 
 
 def test_a_waiting_job_names_the_user_whose_job_holds_the_devices(class_folder):
-    holder = as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'interval.py'} 6", "holder")
-    time.sleep(0.5)  # submitted first
+    # the holder's job keeps the devices until the waiter has looked (meet.py: its mark, then the waiter's),
+    # and the waiter submits once that job runs: no race with how fast either user's Python starts
+    release = class_folder / "release"
+    release.mkdir(mode=0o1777)
+    release.chmod(0o1777)
+    holder = as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'interval.py'} 0.1 {release} 2", "holder")
     waiter = as_user(USERS[1], class_folder, """
 import json, sys, time, dlokit
+from pathlib import Path
+release = Path(sys.argv[2])
+while not any(release.glob("*.here")):  # the holder's job runs
+    time.sleep(0.1)
 dlokit.use_profile("local")
 [job] = dlokit.gpu_jobs_submitter(sys.argv[1], n_gpu=1, name="waiter", time_max="00:02:00", verbose=False)
 for _ in range(200):
@@ -107,11 +115,13 @@ for _ in range(200):
         break
     time.sleep(0.1)
 print(json.dumps({"state": outcome.state, "cause": outcome.cause}), flush=True)
+(release / "waiter.here").touch()
 dlokit.wait(job, timeout_s=240)
-""", f"{JOBS / 'interval.py'} 0.1")
+""", f"{JOBS / 'interval.py'} 0.1", str(release))
     seen = result(waiter)
-    result(holder)
+    held = result(holder)
     assert seen["state"] == "PENDING" and f"{USERS[0]}'s job holder" in seen["cause"], seen
+    assert held["state"] == "COMPLETED" and interval(held["log"])["met"], held  # released by the waiter's mark
 
 
 def can_read(user: str, path: Path | str) -> bool:
