@@ -167,10 +167,10 @@ def _longest_first(item) -> int:
 LONGEST_GROUPS = ["local-notebooks", "slurm-2n"]
 
 
-# Modules whose tests share launches through a module fixture (the same runs read by several tests): one worker
-# runs all of a module's tests, so that each launch happens once, not once per worker.
+# Modules whose tests share launches through a module fixture (the same runs, or test_compile's kernel cache, read
+# by several tests): one worker runs all of a module's tests, so that each launch happens once, not once per worker.
 SHARED_LAUNCHES = {"test_day4_parallel", "test_day4_memory", "test_day4_pipeline", "test_day4_compress",
-                   "test_day4_tp_cp", "test_checks"}
+                   "test_day4_tp_cp", "test_checks", "test_compile"}
 
 
 OPENED = Path("/tmp/dlokit-tests-searchable.json")  # what every test process opened, and how many still need it

@@ -34,6 +34,13 @@ SMALL_MODEL = ["--parts", "model", "--model", "resnet18", "--image-size", "32", 
 TIMES = ("t_build", "t_first", "t_warmup", "t_compile", "t_step")
 
 
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory) -> dict:
+    """One Inductor cache for the tests that compile a ResNet-18 (conftest runs this module on one worker): the
+    first builds its C++ kernels (about a minute of one core), the others reuse the kernels they share."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
+
+
 def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, launcher=(PYTHON,), check=True, timeout=400):
     cmd = [*launcher, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
@@ -89,9 +96,9 @@ def test_a_trace_replays_the_branch_of_its_example_and_a_script_keeps_the_if(tmp
 
 
 @pytest.mark.slow
-def test_compiled_training_steps_give_the_losses_of_eager(tmp_path):
+def test_compiled_training_steps_give_the_losses_of_eager(tmp_path, kernel_cache):
     needs_compiler()
-    bench(tmp_path, "model", *SMALL_MODEL, "--variants", "eager,trace,script,compile-default")
+    bench(tmp_path, "model", *SMALL_MODEL, "--variants", "eager,trace,script,compile-default", env=kernel_cache)
     found = results(tmp_path, "model")
     assert {v: found["model", v]["status"] for v in ("eager", "trace", "script", "compile-default")} == dict.fromkeys(
         ("eager", "trace", "script", "compile-default"), "ok")
@@ -105,10 +112,10 @@ def test_compiled_training_steps_give_the_losses_of_eager(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_of_a_ddp_model_on_two_ranks(tmp_path):
+def test_compile_of_a_ddp_model_on_two_ranks(tmp_path, kernel_cache):
     needs_compiler()
     bench(tmp_path, "ddp", *SMALL_MODEL, "--variants", "eager,compile-default",
-          launcher=(TORCHRUN, "--standalone", "--nproc_per_node=2"), timeout=900)
+          launcher=(TORCHRUN, "--standalone", "--nproc_per_node=2"), timeout=900, env=kernel_cache)
     for rank in (0, 1):
         found = results(tmp_path, "ddp", rank)
         line = found["model", "compile-default"]
@@ -192,15 +199,16 @@ def test_bad_options_end_without_a_traceback_before_any_record(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_mode_reaches_torch_compile(tmp_path):
+def test_compile_mode_reaches_torch_compile(tmp_path, kernel_cache):
     """--compile-mode implies --compile: the config holds the mode and the model the loop called was compiled."""
     needs_compiler()
     runs = tmp_path / "runs"
-    cmd = [PYTHON, str(TRAIN), "--runs-dir", str(runs), "--data", "synthetic", "--num-classes", "4", "--device", "cpu",
-           "--model", "resnet18", "--image-size", "32", "--batch-size", "2", "--test", "--test-nsteps", "1",
+    # the shapes of SMALL_MODEL (and compile_bench's 10 classes): its forward kernels are in the cache
+    cmd = [PYTHON, str(TRAIN), "--runs-dir", str(runs), "--data", "synthetic", "--num-classes", "10", "--device", "cpu",
+           "--model", "resnet18", "--image-size", "32", "--batch-size", "4", "--test", "--test-nsteps", "1",
            "--compile-mode", "default"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": "mode"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": "mode", **kernel_cache})
     assert done.returncode == 0, done.stderr[-3000:]
     run = read_rank(runs / "mode" / "rank0")["run"]
     assert run["config"]["compile"] is True and run["config"]["compile_mode"] == "default"
