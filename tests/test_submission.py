@@ -163,6 +163,19 @@ def test_arguments_with_shell_metacharacters_stay_plain_text(backend, workspace)
     assert all(logs in p.parents for p in logs.rglob("*")) and not (workspace / "escape").exists()
 
 
+def test_one_rank_out_of_memory_makes_the_job_out_of_memory_whichever_log_is_read_first(backend):
+    """FSDP's ranks print a deprecation warning first; rank 1 runs out of memory (inject.py), rank 0 stops because
+    of it (exit code 4). The job is OUT_OF_MEMORY and its cause is rank 1's message, not the warning that opens
+    submitit's report (CI read such a job as FAILED, 2026-11-27)."""
+    llm = REPO / "tp_scripts" / "llm" / "solutions" / "train_llm.py"
+    command = (f"{script('inject.py')} oom 1:1 {llm} --mode fsdp --config tiny --data text --seq-len 16 "
+               "--batch-size 4 --steps 2")
+    [job_id] = dlokit.gpu_jobs_submitter(command, n_gpu=2, name="oom2", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=180)
+    assert outcome.state == "OUT_OF_MEMORY", str(outcome)
+    assert "rank 1: OUT OF MEMORY" in outcome.cause, outcome.cause
+
+
 def test_memory_limit_of_the_profile_stops_a_job_as_out_of_memory_with_its_peak(backend):
     """local: each task's script runs under an RLIMIT_DATA; Slurm: --mem, enforced by the local Slurm's
     jobacct_gather (OverMemoryKill), whose kill sacct records as FAILED with the step's MaxRSS."""

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..in_job.jobenv import EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED
 from .jobspec import format_seconds
 from .profiles import current_profile
 
@@ -358,11 +359,14 @@ def result_unknown(card: JobCard, elapsed: str = "") -> Outcome | None:
 
 def _tasks_failed_first(card: JobCard) -> list[int]:
     """The job's tasks, those that ended with an error code first: their logs hold the cause; a task stopped
-    after another one failed (its log may hold only the stack dump of a SIGABRT) comes after."""
+    after another one failed (exit code EXIT_PEER_FAILED, or its log holds only the stack dump of a SIGABRT)
+    comes after."""
     codes = {task: _task_returncode(card, task) for task in range(card.tasks)}
-    exited = [task for task, code in codes.items() if isinstance(code, int) and code > 0]
+    exited = [task for task, code in codes.items() if isinstance(code, int) and code > 0 and code != EXIT_PEER_FAILED]
+    stopped = [task for task, code in codes.items() if code == EXIT_PEER_FAILED]
     killed = [task for task, code in codes.items() if isinstance(code, int) and code < 0]  # by a signal
-    return exited + killed + [task for task in codes if task not in exited + killed]
+    first = exited + stopped + killed
+    return first + [task for task in codes if task not in first]
 
 
 def _task_returncode(card: JobCard, task: int):
@@ -377,6 +381,9 @@ def _err_tails(card: JobCard) -> str:
     return "\n".join(tail(card.log_path(task, err=True), 40) for task in range(card.tasks))
 
 
+SUBMITIT_FAILED = "submitit.core.utils.FailedJobError: "  # submitit's report of a task whose script failed
+SCHEDULER_LINE = re.compile(r"^(srun|slurmstepd\S*): |^submitit (WARNING|ERROR|INFO) \(")  # written after it
+
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
     """The end of the first task's traceback that says why it failed (user script first, then submitit's)."""
     texts = [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
@@ -385,6 +392,8 @@ def traceback_tail(card: JobCard, lines: int = 6) -> str:
             block = text[text.index("Traceback"):].splitlines()
             end = next((i for i, line in enumerate(block) if re.match(r"\S.*(Error|Exception|Interrupt)\b", line)
                         and i > 0), len(block) - 1)
+            if block[end].startswith(SUBMITIT_FAILED):  # its message is the script's whole stderr: the end says why
+                end = max(i for i, line in enumerate(block) if line.strip() and not SCHEDULER_LINE.match(line))
             return "\n".join(block[max(0, end - lines + 1): end + 1])
     return next((t for t in texts if t), "")
 
@@ -421,7 +430,8 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         logs = raw + "\n" + _err_tails(card)
         if any(sign in logs for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
-        elif any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage):
+        elif (any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage)
+              or any(u.get("returncode") == EXIT_OUT_OF_MEMORY for u in usage)):  # a rank said so by its exit code
             outcome.state = "OUT_OF_MEMORY"
         elif any(sign in evidence for sign in DISK_FULL):
             outcome.cause = f"the disk is full (No space left on device): {_last_line(outcome.cause)}\n{outcome.cause}"
