@@ -23,8 +23,10 @@ RACE = NOTEBOOKS / "race.ipynb"
 PROBE_MARK = "DLOKIT_PROBE "
 
 TINY = {"NICKNAME": "racer", "SCRIPTS": "../tp_scripts/solutions", "MODEL": "mobilenet_v3_small", "IMAGE_SIZE": 32,
-        "BATCH_SIZE": 16, "TRAIN_PER_CLASS": 8, "TEST_STEPS": 5, "BUDGET_MINUTES": 0.5, "REFRESH_S": 1,
-        "BUDGET_MARGIN": 0.5,  # a loaded 2-core machine: epochs may run much slower than the test's few steps
+        "BATCH_SIZE": 16, "TRAIN_PER_CLASS": 8, "TEST_STEPS": 5, "BUDGET_MINUTES": 0.75, "REFRESH_S": 1,
+        # a loaded 2-core machine: epochs may run much slower than the test's few steps, and the start-up alone took
+        # 11 s of the 15 s that 0.5 minute left to plan on (2026-11-27, a slower machine than CI's)
+        "BUDGET_MARGIN": 0.5,
         "FORM_VALUES": {"lr": 0.05, "lr_schedule": "cosine"}}
 
 PROBE = """
@@ -95,9 +97,9 @@ def check_race(results: list[dict], probe: dict, profile: str) -> None:
     assert probe["planned_epochs"] >= 1 and probe["segments"] == 1
     assert probe["val_epochs"] == list(range(probe["planned_epochs"]))
     assert race["info"]["epochs"] == probe["planned_epochs"] and race["info"]["rank"] == 1
-    # judged on the whole budget (0.5 min on 1 device), planned on half of it (BUDGET_MARGIN)
-    assert race["info"]["budget_gpu_hours"] == pytest.approx(0.5 / 60) == probe["budget_gpu_hours"]
-    assert probe["planned_on_gpu_hours"] == pytest.approx(0.25 / 60)
+    # judged on the whole budget (0.75 min on 1 device), planned on half of it (BUDGET_MARGIN)
+    assert race["info"]["budget_gpu_hours"] == pytest.approx(0.75 / 60) == probe["budget_gpu_hours"]
+    assert probe["planned_on_gpu_hours"] == pytest.approx(0.375 / 60)
     assert race["info"]["gpu_hours"] <= race["info"]["budget_gpu_hours"]
     # both jobs tagged for the class report; the leaderboard's score is the record's
     assert probe["tags"] == ["race", "race"]
