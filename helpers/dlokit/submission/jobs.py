@@ -384,6 +384,7 @@ def _err_tails(card: JobCard) -> str:
 SUBMITIT_FAILED = "submitit.core.utils.FailedJobError: "  # submitit's report of a task whose script failed
 SCHEDULER_LINE = re.compile(r"^(srun|slurmstepd\S*): |^submitit (WARNING|ERROR|INFO) \(")  # written after it
 
+
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
     """The end of the first task's traceback that says why it failed (user script first, then submitit's)."""
     texts = [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
