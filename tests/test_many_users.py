@@ -98,14 +98,15 @@ def test_a_waiting_job_names_the_user_whose_job_holds_the_devices(class_folder):
     # the holder's job keeps the devices until the waiter has looked (meet.py: its mark, then the waiter's),
     # and the waiter submits once that job runs: no race with how fast either user's Python starts
     release = class_folder / "release"
-    release.mkdir(mode=0o1777)
-    release.chmod(0o1777)
+    release.mkdir()
+    release.chmod(0o1777)  # both users leave their mark (mkdir's mode would pass through the umask)
     holder = as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'interval.py'} 0.1 {release} 2", "holder")
     waiter = as_user(USERS[1], class_folder, """
 import json, sys, time, dlokit
 from pathlib import Path
 release = Path(sys.argv[2])
-while not any(release.glob("*.here")):  # the holder's job runs
+deadline = time.time() + 120
+while not any(release.glob("*.here")) and time.time() < deadline:  # the holder's job runs
     time.sleep(0.1)
 dlokit.use_profile("local")
 [job] = dlokit.gpu_jobs_submitter(sys.argv[1], n_gpu=1, name="waiter", time_max="00:02:00", verbose=False)
