@@ -10,8 +10,8 @@ Every row is the same tiny 1-rank run of the real training script (4 `--test` st
   torch._dynamo once before (a zygote, as tests/preloaded.py starts the tests' own launches).
 Wall time and CPU time (user + system of the child and everything it started, from getrusage) per run, with the
 median and a 95 % bootstrap interval of the median, and the ratio warm / fresh with its interval
-(dlokit.analysis.stats). The difference is
-what a warm start would save per job process; the suite starts some 400 such processes, the course about 100.
+(dlokit.analysis.stats). The difference is what a warm start would save per job process; the suite starts some 400
+such processes, the course about 100.
 """
 from __future__ import annotations
 
@@ -77,9 +77,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 2:
         parser.error("--repeats must be at least 2 (an interval needs two runs)")
-    sys.path.insert(0, str(REPO / "helpers"))
-    from dlokit.analysis.stats import estimate_of_samples, ratio_of_samples
-
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         subprocess.run([sys.executable, str(GENERATOR), "--out", str(data), "--classes", "10", "--train-per-class",
@@ -95,6 +92,10 @@ def main() -> None:
         for _ in range(args.repeats):
             rows["fresh"].append(timed(run_fresh, argv, env))
             rows["warm"].append(timed(run_warm, argv, env))
+    # imported only now: the warm children inherit torch, torchvision and torch._dynamo, not pandas or scipy
+    sys.path.insert(0, str(REPO / "helpers"))
+    from dlokit.analysis.stats import estimate_of_samples, ratio_of_samples
+
     print(f"{platform.node()} | {os.cpu_count()} cores | Python {platform.python_version()} | "
           f"{args.repeats} runs of each, alternated")
     values = {(name, column): [run[column] for run in runs] for name, runs in rows.items() for column in (0, 1)}
