@@ -37,18 +37,18 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_fresh(argv: list[str], env: dict) -> int:
-    return subprocess.run([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL).returncode
+def run_fresh(argv: list[str], env: dict, log: Path) -> int:
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def run_warm(argv: list[str], env: dict) -> int:
+def run_warm(argv: list[str], env: dict, log: Path) -> int:
     pid = os.fork()
-    if pid == 0:  # the child: the script as `python script args` would run it, output dropped
+    if pid == 0:  # the child: the script as `python script args` would run it, its output in `log`
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
             os.environ.clear()
             os.environ.update(env)
             sys.argv = list(argv)
@@ -58,16 +58,21 @@ def run_warm(argv: list[str], env: dict) -> int:
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
         except BaseException:
+            sys.excepthook(*sys.exc_info())  # the traceback, into the log
             code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def timed(run, argv, env) -> tuple[float, float]:
+    log = Path(env["DLOKIT_RUNS_DIR"]).parent / "job.log"
     wall, cpu = time.perf_counter(), children_cpu()
-    code = run(argv, env)
+    code = run(argv, env, log)
     if code != 0:
-        raise SystemExit(f"{run.__name__}: the script exited with {code}: {' '.join(argv)}")
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"{run.__name__}: the script exited with {code}: {' '.join(argv)}\n{tail}")
     return time.perf_counter() - wall, children_cpu() - cpu
 
 
