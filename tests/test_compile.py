@@ -3,8 +3,8 @@ train_classifier.py --compile-mode, and the per-user inductor cache of submitted
 
 Real subprocesses, one thread each, tiny sizes. Compiling on the CPU builds C++ kernels (seconds for the
 function, a minute or more for a ResNet's training step on a loaded 2-core machine): only the function is
-compiled in the fast tests; the model is compiled in a slow one. The student copy compiles nothing, so its
-runs are cheap.
+compiled in the fast tests; the model, its inference and its optimizer step in slow ones. The student copy
+compiles nothing, so its runs are cheap.
 """
 from __future__ import annotations
 
@@ -96,12 +96,18 @@ def test_a_trace_replays_the_branch_of_its_example_and_a_script_keeps_the_if(tmp
 
 
 @pytest.mark.slow
-def test_compiled_training_steps_give_the_losses_of_eager(tmp_path, kernel_cache):
+def test_compiled_training_inference_and_optimizer_steps_agree_with_eager_and_fused_adam_beats_foreach(
+        tmp_path, kernel_cache):
+    """One process for the three parts of the model (one compiler start-up): training steps, inference, Adam steps."""
     needs_compiler()
-    bench(tmp_path, "model", *SMALL_MODEL, "--variants", "eager,trace,script,compile-default", env=kernel_cache)
+    bench(tmp_path, "model", *SMALL_MODEL[2:], "--parts", "model,inference,optimizer",
+          "--variants", "eager,trace,script,compile-default,compile-frozen,fused", env=kernel_cache)
     found = results(tmp_path, "model")
-    assert {v: found["model", v]["status"] for v in ("eager", "trace", "script", "compile-default")} == dict.fromkeys(
-        ("eager", "trace", "script", "compile-default"), "ok")
+    assert sorted(found) == sorted([("model", v) for v in ("eager", "trace", "script", "compile-default")] +
+                                   [("inference", v) for v in ("eager", "trace", "script", "compile-default",
+                                                               "compile-frozen")] +
+                                   [("optimizer", v) for v in ("eager", "compile-default", "fused")])
+    assert all(line["status"] == "ok" for line in found.values()), found
     for variant in ("trace", "script", "compile-default"):
         line = found["model", variant]
         assert line["agrees"] is True and line["max_abs_diff"] < 1e-3 and line["compared_calls"] == 2, line
@@ -109,6 +115,17 @@ def test_compiled_training_steps_give_the_losses_of_eager(tmp_path, kernel_cache
         assert line["items"] == "images" and line["items_per_s"] > 0 and line["ddp"] is False
     assert found["model", "compile-default"]["compiled"] is True and found["model", "compile-default"]["graphs"] >= 1
     assert found["model", "script"]["compiled"] is False
+    for key in (("inference", "compile-default"), ("inference", "compile-frozen"), ("optimizer", "compile-default")):
+        line = found[key]
+        assert line["compiled"] is True and line["graphs"] >= 1, line
+        assert line["agrees"] is True and line["reference"] == "eager", line
+    assert found["inference", "eager"]["items"] == "images"
+    step, fused = found["optimizer", "eager"], found["optimizer", "fused"]
+    assert fused["compiled"] is False and fused["agrees"] is True
+    assert step["items"] == "parameters" and step["tensors"] == 62 and step["optimizer"] == "Adam"  # ResNet-18's
+    assert step["items_per_s"] == pytest.approx(11_181_642 / step["t_step"])
+    # one kernel for the whole step against a few per operation over 62 tensors: several times fewer memory trips
+    assert fused["t_step"] < step["t_step"]
 
 
 @pytest.mark.slow
@@ -125,13 +142,18 @@ def test_compile_of_a_ddp_model_on_two_ranks(tmp_path, kernel_cache):
 
 
 def test_student_copy_compiles_nothing_and_says_so(tmp_path):
-    """Untouched TP3.3: the compile variants run the eager function, which the record shows (no graph, not
-    an OptimizedModule or compiled function); TorchScript and NumPy variants agree with eager."""
-    variants = "eager,trace,script,compile-default,numpy,numpy-compile"
-    bench(tmp_path, "student", *SMALL_FUNCTION, "--variants", variants, script=STUDENT)
+    """Untouched TP3.3: the compile variants run eagerly (the function, the inference, the optimizer step), which
+    the record shows (no graph, not an OptimizedModule or compiled function); every variant agrees with eager;
+    each part ran the variants that apply to it."""
+    variants = "eager,trace,script,compile-default,compile-frozen,fused,numpy,numpy-compile"
+    bench(tmp_path, "student", *SMALL_FUNCTION[2:], "--parts", "inference,optimizer,function", "--model", "resnet18",
+          "--image-size", "16", "--batch-size", "2", "--variants", variants, script=STUDENT)
     found = results(tmp_path, "student")
-    for variant in variants.split(","):
-        line = found["function", variant]
+    assert {part: [v for p, v in found if p == part] for part in ("inference", "optimizer", "function")} == {
+        "inference": ["eager", "trace", "script", "compile-default", "compile-frozen"],
+        "optimizer": ["eager", "compile-default", "fused"],
+        "function": ["eager", "trace", "script", "compile-default", "numpy", "numpy-compile"]}
+    for line in found.values():
         assert line["status"] == "ok" and line["agrees"] is True, line
         assert line["compiled"] is False and line["graphs"] == 0
     assert found["function", "numpy"]["max_abs_diff"] > 0  # NumPy's own float32 kernels: close, not identical
@@ -168,6 +190,7 @@ def load_solution():
 @pytest.mark.parametrize("args, message", [
     (["--variants", "eager,compile-turbo"], "unknown torch.compile mode"),
     (["--variants", "jit"], "unknown variant 'jit'"),
+    (["--variants", "compile-frozn"], "unknown torch.compile mode in 'compile-frozn'"),
     (["--parts", "everything"], "--parts"),
     (["--model", "resnet9000"], "unknown model"),
     (["--steps", "0"], "--steps must be at least 1"),

@@ -1,12 +1,19 @@
-"""Time eager PyTorch against TorchScript (trace, script) and torch.compile, on training steps and on a NumPy-style function.
+"""Time eager PyTorch against TorchScript (trace, script) and torch.compile: training steps, inference, the optimizer step, and a NumPy-style function.
 
     python compile_bench.py --model resnet18 --image-size 64 --batch-size 16
     python compile_bench.py --parts function --variants eager,compile-default,numpy,numpy-compile
+    python compile_bench.py --parts optimizer --variants eager,fused,compile-default
     torchrun --nproc_per_node=2 compile_bench.py --parts model    (compile + DDP: DDP wraps the model, compile wraps DDP)
 
-The job of TP3.3 (Day 3). Two timed parts, and TorchScript's control-flow pitfall:
+The job of TP3.3 (Day 3). Four timed parts, and TorchScript's control-flow pitfall:
 - model: training steps (forward, loss, backward, SGD step) of a torchvision model on fixed random batches;
   every variant starts from the same weights and sees the same batches, so its losses can be compared with eager's;
+- inference: the same model's forward pass in eval mode under torch.inference_mode (no autograd at all), on one
+  fixed batch: what serving a model costs, compiled or not, and compiled with Inductor's freezing (`compile-frozen`:
+  the weights become constants, folded into the graph and laid out once for the convolution library);
+- optimizer: one Adam step over the model's parameters (fixed gradients): eager runs a few kernels per operation over
+  the whole list of tensors (foreach), `fused` is PyTorch's hand-written kernel (Adam(fused=True)), and a compiled
+  step lets Inductor generate fused code; compared on the parameters they end with;
 - function: a NumPy-style chain of elementwise operations and row reductions (GELU, then softmax) on a big
   tensor: eager runs one kernel per operation, each reading and writing the whole tensor; a compiler fuses them;
 - control flow (always, in a blink): a function that branches on its data, traced and scripted on an example that
@@ -20,7 +27,9 @@ compiler on the CPU (Triton on the GPU): without one, the compile variants are r
 
 Variants: eager, trace (torch.jit.trace), script (torch.jit.script), compile-<mode> (torch.compile, mode one of
 torch._inductor.list_mode_options(): default, max-autotune-no-cudagraphs, reduce-overhead (GPU only), ...),
-and for the function part only: numpy (the same function in NumPy) and numpy-compile (torch.compile of the NumPy code).
+for the function part only: numpy (the same function in NumPy) and numpy-compile (torch.compile of the NumPy code),
+for the inference part only: compile-frozen, and for the optimizer part only: fused. A part runs the variants that apply to it (no TorchScript for an optimizer
+step: it is Python over a list of tensors, not a module).
 TorchScript is deprecated in recent PyTorch (torch.compile and torch.export replace it); it is here to compare.
 """
 import argparse
@@ -48,8 +57,10 @@ from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 # The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
 from common.compile_support import CUDA_GRAPH_MODES, compile_modes, missing_compiler
 
-PARTS = ("model", "function")
+PARTS = ("model", "inference", "optimizer", "function")
 NUMPY_VARIANTS = ("numpy", "numpy-compile")  # function part only
+FUSED = "fused"  # optimizer part only
+FROZEN = "compile-frozen"  # inference part only: torch.compile with Inductor's freezing
 RTOL, ATOL = 1e-3, 1e-5  # "agrees with eager": |variant - eager| <= ATOL + RTOL * |eager|, element by element
 # Losses compared with eager's: the first step (same weights, same batch: the forward's rounding) and the
 # second (after one update: the backward's too). Later steps drift apart by themselves: training amplifies
@@ -80,6 +91,10 @@ def main(argv=None) -> int:
     results = []
     if "model" in args.parts:
         results += bench_model(args, variants, device, env.world_size, compiler_problem, record, say)
+    if "inference" in args.parts:
+        results += bench_inference(args, variants, device, compiler_problem, record, say)
+    if "optimizer" in args.parts:
+        results += bench_optimizer(args, variants, device, compiler_problem, record, say)
     if "function" in args.parts:
         results += bench_function(args, variants, device, compiler_problem, record, say)
     control_flow = trace_pitfall(record, say)
@@ -94,16 +109,18 @@ def main(argv=None) -> int:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="compile_bench.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 description="Eager vs TorchScript vs torch.compile: compile time apart from step time.")
-    p.add_argument("--parts", default="model,function", help="what to time: model (training steps), function, or both")
+    p.add_argument("--parts", default="model,function",
+                   help=f"what to time, comma-separated among {', '.join(PARTS)} (training steps, forward passes under "
+                        "inference_mode, Adam steps, a NumPy-style function)")
     p.add_argument("--variants", default="auto",
-                   help="comma list of eager, trace, script, compile-<mode>, numpy, numpy-compile; auto = eager, "
-                        "trace, script, compile-default, compile-max-autotune-no-cudagraphs (+ compile-reduce-overhead "
-                        "on a GPU), numpy, numpy-compile")
+                   help="comma list of eager, trace, script, compile-<mode>, numpy, numpy-compile, fused, compile-frozen; "
+                        "auto = eager, trace, script, compile-default, compile-max-autotune-no-cudagraphs (+ "
+                        "compile-reduce-overhead on a GPU), numpy, numpy-compile, fused, compile-frozen")
     p.add_argument("--model", default="resnet18", help="torchvision classification model")
     p.add_argument("--image-size", type=int, default=64, help="image side in pixels")
     p.add_argument("--batch-size", type=int, default=16, help="images per process per step")
     p.add_argument("--num-classes", type=int, default=10, help="classes of the random labels")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (momentum 0.9)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate of the model's SGD (momentum 0.9) and of Adam")
     p.add_argument("--function-rows", type=int, default=4096, help="rows of the function's input (softmax over each row)")
     p.add_argument("--function-cols", type=int, default=1024, help="columns of the function's input")
     p.add_argument("--warmup-steps", type=int, default=3,
@@ -133,11 +150,11 @@ def parse_args(argv=None):
         modes = compile_modes()
         for name in args.variants.split(","):
             name = name.strip()
-            if name.startswith("compile-") and name.removeprefix("compile-") not in modes:
+            if name.startswith("compile-") and name != FROZEN and name.removeprefix("compile-") not in modes:
                 p.error(f"--variants: unknown torch.compile mode in '{name}'; modes: {', '.join(modes)}")
-            if not name.startswith("compile-") and name not in ("eager", "trace", "script", *NUMPY_VARIANTS):
+            if not name.startswith("compile-") and name not in ("eager", "trace", "script", *NUMPY_VARIANTS, FUSED):
                 p.error(f"--variants: unknown variant '{name}'; choose among eager, trace, script, "
-                        f"compile-<mode>, {', '.join(NUMPY_VARIANTS)}")
+                        f"compile-<mode>, {', '.join(NUMPY_VARIANTS)}, {FUSED}, {FROZEN}")
     return args
 
 
@@ -146,7 +163,16 @@ def resolve_variants(text: str, device) -> list[str]:
         return list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     gpu_only = ["compile-reduce-overhead"] if device.type == "cuda" else []
     return ["eager", "trace", "script", "compile-default", "compile-max-autotune-no-cudagraphs", *gpu_only,
-            *NUMPY_VARIANTS]
+            *NUMPY_VARIANTS, FUSED, FROZEN]
+
+
+def applying_to(part: str, variants) -> list[str]:
+    """The variants that apply to a part: NumPy's to the function only, fused to the optimizer only, compile-frozen
+    to inference only, TorchScript to all but the optimizer step."""
+    if part == "optimizer":
+        return [v for v in variants if v in ("eager", FUSED) or (v.startswith("compile-") and v != FROZEN)]
+    return [v for v in variants if v != FUSED and (part == "function" or v not in NUMPY_VARIANTS)
+            and (part == "inference" or v != FROZEN)]
 
 
 def config(args, env, device, variants, compiler_problem) -> dict:
@@ -210,6 +236,8 @@ def make_variant(variant: str, fn, example):
             return torch.jit.trace(fn, example)
         if variant == "script":
             return torch.jit.script(fn)
+    if variant == FROZEN:  # the default mode; bench_inference switches Inductor's freezing on for it
+        return compile_with(fn, "default")
     if variant.startswith("compile-"):
         return compile_with(fn, variant.removeprefix("compile-"))
     if variant == "numpy-compile":
@@ -250,15 +278,18 @@ def dynamo_counts() -> dict:
 
 def measure(build, device, args, *, items: int, item_name: str):
     """Build the variant (timed: tracing, scripting, wrapping), then call it warm-up + timed times:
-    (result fields, what the calls returned)."""
+    (result fields, what the calls returned). `build()` returns (fn, call) or (fn, call, compared): then
+    `compared()`, read after the calls, is what is compared with the reference instead."""
     torch._dynamo.reset()  # each compile variant compiles from nothing (no graph kept from the previous one)
     if args.fresh_cache:  # ... and no kernel either: a cold cache for each, so their compile times compare
         use_fresh_cache()
     counters.clear()
     started = time.perf_counter()
-    fn, call = build()
+    fn, call, *compared = build()
     t_build = time.perf_counter() - started
     seconds, outputs = time_calls(call, args.warmup_steps, args.steps, device)
+    if compared:  # what to compare is read after the timed calls (e.g. the parameters the steps ended with)
+        outputs = compared[0]()
     warmup, timed = seconds[:args.warmup_steps], seconds[args.warmup_steps:]
     t_step = statistics.median(timed)
     fields = {"status": "ok", "reason": None, "t_build": t_build, "t_first": seconds[0], "t_warmup": sum(warmup),
@@ -342,8 +373,7 @@ def bench_model(args, variants, device, world_size, compiler_problem, record, sa
             return step_model, lambda: train_step(step_model, optimizer, *next_batch())
         return build
 
-    variants = [v for v in variants if v not in NUMPY_VARIANTS]
-    return run_variants("model", variants, device, compiler_problem, record, say, build_for, args,
+    return run_variants("model", applying_to("model", variants), device, compiler_problem, record, say, build_for, args,
                         items=args.batch_size, item_name="images", compare_first=COMPARED_STEPS,
                         extra={"ddp": world_size > 1, "model": args.model, "batch_size": args.batch_size,
                                "image_size": args.image_size})
@@ -366,6 +396,82 @@ def train_step(model, optimizer, images, labels) -> float:
     loss.backward()
     optimizer.step()
     return loss.item()  # waits for the step: the next one starts from here
+
+
+# ---- part 2: inference (forward passes, no autograd) ------------------------------------------------------
+
+def bench_inference(args, variants, device, compiler_problem, record, say) -> list[dict]:
+    from torch._inductor import config as inductor_config
+
+    torch.manual_seed(args.seed)
+    model = torchvision.models.get_model(args.model, num_classes=args.num_classes).to(device).eval()
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator).to(device)
+
+    def build_for(variant):
+        # Freezing (inference graphs only): the weights become constants, folded into the graph and, on a CPU,
+        # laid out once for oneDNN's convolutions instead of at every call. Read when the first call compiles.
+        inductor_config.freezing = variant == FROZEN
+
+        def build():
+            fn = make_variant(variant, model, images)  # traced, scripted or compiled outside inference_mode
+
+            def call():
+                with torch.inference_mode():  # no autograd bookkeeping at all: tensors without a version counter
+                    return checksum(fn(images))
+            return fn, call
+        return build
+
+    try:
+        return run_variants("inference", applying_to("inference", variants), device, compiler_problem, record, say,
+                            build_for, args, items=args.batch_size, item_name="images",
+                            extra={"ddp": False, "model": args.model, "batch_size": args.batch_size,
+                                   "image_size": args.image_size})
+    finally:
+        inductor_config.freezing = False
+
+
+# ---- part 3: the optimizer step -----------------------------------------------------------------------
+
+def bench_optimizer(args, variants, device, compiler_problem, record, say) -> list[dict]:
+    """Adam steps over tensors shaped like the model's parameters, with fixed random gradients: the same start and
+    the same gradients for every variant, so the parameters they end with can be compared with eager's."""
+    torch.manual_seed(args.seed)
+    initial = [p.detach().to(device) for p in
+               torchvision.models.get_model(args.model, num_classes=args.num_classes).parameters()]
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    gradients = [torch.randn(p.shape, generator=generator).to(device) for p in initial]
+
+    def build_for(variant):
+        params = [p.clone().requires_grad_() for p in initial]
+        for param, gradient in zip(params, gradients):
+            param.grad = gradient.clone()
+        kernels = {"fused": True} if variant == FUSED else {"foreach": True}  # eager: the for-each kernels
+        optimizer = torch.optim.Adam(params, lr=args.lr, **kernels)
+
+        def build():
+            step = make_variant(variant, optimizer_step(optimizer), None)
+            return step, step, lambda: [checksum_of_parameters(params)]
+        return build
+
+    return run_variants("optimizer", applying_to("optimizer", variants), device, compiler_problem, record, say,
+                        build_for, args, items=sum(p.numel() for p in initial), item_name="parameters",
+                        extra={"ddp": False, "model": args.model, "optimizer": "Adam", "tensors": len(initial)})
+
+
+def optimizer_step(optimizer):
+    """The step as a function: what torch.compile compiles (a compiled optimizer step). Its record shows 2 graph
+    breaks: PyTorch's own, around the update (torch/optim/optimizer.py), so that it compiles as an in-place,
+    gradient-free graph."""
+    def step():
+        optimizer.step()
+    return step
+
+
+def checksum_of_parameters(params) -> list[float]:
+    """A few numbers that stand for the parameters: the sum of each of eight tensors spread over the list."""
+    every = max(1, len(params) // 8)
+    return [float(p.detach().double().sum()) for p in params[::every]]
 
 
 # ---- TorchScript's pitfall: a trace keeps one branch ----------------------------------------------------
@@ -395,7 +501,7 @@ def trace_pitfall(record, say) -> list[dict]:
     return lines
 
 
-# ---- part 2: a NumPy-style function -------------------------------------------------------------------
+# ---- part 4: a NumPy-style function -------------------------------------------------------------------
 
 def gelu_softmax(x: torch.Tensor) -> torch.Tensor:
     """GELU (tanh approximation), then a softmax over each row: ten elementwise operations and two reductions."""
@@ -425,7 +531,8 @@ def bench_function(args, variants, device, compiler_problem, record, say) -> lis
             return fn, lambda: checksum(fn(x))
         return build
 
-    return run_variants("function", variants, device, compiler_problem, record, say, build_for, args,
+    return run_variants("function", applying_to("function", variants), device, compiler_problem, record, say,
+                        build_for, args,
                         items=args.function_rows * args.function_cols, item_name="elements",
                         extra={"ddp": False, "shape": [args.function_rows, args.function_cols]})
 

@@ -122,8 +122,9 @@ def compilation(job_id):
     if results.empty:
         return failed(f"run {run.run_id} recorded no compile_result line: was it compile_bench.py?")
     compiles = results[results["variant"].astype(str).str.contains("compile")]
-    details = [f"{r.part}/{r.variant}: {r.status}, compile {r.t_compile} s, step {r.t_step} s, "
-               f"compiled {getattr(r, 'compiled', None)}, graphs {getattr(r, 'graphs', None)}"
+    details = [f"{r.part}/{r.variant}: {r.status}" + (f", compile {r.t_compile:.2f} s, step {1e3 * r.t_step:.3g} ms, "
+                                                      f"compiled {r.compiled}, graphs {r.graphs}"
+                                                      if r.status == "ok" else f" ({r.reason})")
                for r in results.itertuples()]
     if run.summary.get("compile_unavailable"):
         return not_applicable(f"torch.compile cannot run here: {run.summary['compile_unavailable']}", details)
@@ -140,7 +141,8 @@ def compilation(job_id):
     code = part("compiled", PASSED, f"{len(ran)} compiled variant(s), each with its own graphs")
     same = part("same results", FAILED if len(disagree) else PASSED,
                 f"{len(disagree)} variant(s) differ from eager" if len(disagree) else
-                f"every compiled variant agrees with eager (max |Δ| {ran['max_abs_diff'].max():.2g})")
+                "every compiled variant agrees with eager (largest |Δ|: " + ", ".join(
+                    f"{name} {rows['max_abs_diff'].max():.2g}" for name, rows in ran.groupby("part", sort=False)) + ")")
     timing = part("compile time apart", PASSED if ran["t_compile"].notna().all() else FAILED,
                   "compile time recorded apart from the steady step time")
     return from_parts([code, same, timing], "compiled, same results as eager, compile time measured apart", details)
