@@ -157,6 +157,11 @@ def test_student_copy_compiles_nothing_and_says_so(tmp_path):
         assert line["status"] == "ok" and line["agrees"] is True, line
         assert line["compiled"] is False and line["graphs"] == 0
     assert found["function", "numpy"]["max_abs_diff"] > 0  # NumPy's own float32 kernels: close, not identical
+    # the plot: a panel per part; a compile time beside what was traced, scripted or compiled, none beside the rest
+    figure = analysis.compile_plot("student", tmp_path)
+    assert [ax.get_title().split(":")[0] for ax in figure.axes] == ["inference", "optimizer", "function"]
+    written = [[t.get_text().split()[0] for t in ax.texts] for ax in figure.axes]
+    assert written == [["compile"] * 4, ["compile"], ["compile"] * 4]
 
 
 def test_without_a_cpu_compiler_the_compile_variants_are_skipped_with_the_reason(tmp_path):

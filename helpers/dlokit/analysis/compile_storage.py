@@ -58,8 +58,12 @@ def compile_speedup(lines: pd.DataFrame, row) -> stats.Estimate:
     return stats.ratio_of_samples([_timed(row)], [_timed(reference.iloc[0])])
 
 
+UNCOMPILED = ("eager", "numpy", "fused")  # nothing traced, scripted or compiled: no compile time to write
+
+
 def compile_plot(job_id, runs_dir=None):
-    """Per part: steady-state time per call (bars) and the one-off compile time (written on each bar)."""
+    """Per part: steady-state time per call (bars) and the one-off compile time (written beside each traced,
+    scripted or compiled variant)."""
     table = compile_table(job_id, runs_dir)
     done = table[table.get("status", pd.Series(dtype=str)) == "ok"] if not table.empty else table
     if done.empty:
@@ -78,9 +82,9 @@ def compile_plot(job_id, runs_dir=None):
             spread[1].append(max(0.0, 1000 * e.high - median) if e.usable else 0.0)
         bars = ax.barh(rows["variant"], ms, xerr=spread, capsize=3,
                        color=["tab:grey" if v == "eager" else "tab:blue" for v in rows["variant"]])
-        for bar, compile_s in zip(bars, rows["t_compile"]):
-            if pd.notna(compile_s) and compile_s > 0:
-                ax.annotate(f" compile {compile_s:.1f} s", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+        for bar, variant, compile_s, above in zip(bars, rows["variant"], rows["t_compile"], spread[1]):
+            if variant not in UNCOMPILED and pd.notna(compile_s):  # written past the whisker
+                ax.annotate(f" compile {compile_s:.1f} s", (bar.get_width() + above, bar.get_y() + bar.get_height() / 2),
                             va="center", fontsize=7)
         ax.invert_yaxis()
         ax.set(xlabel="ms per call (median after warm-up, 95 % interval)", title=f"{part}: steady state; compile time written")
