@@ -158,21 +158,37 @@ def test_lr_range_trials_start_from_the_same_loss_in_the_solution_only():
     assert len({t["first_loss"] for t in drifting}) == len(drifting)  # ...then each starts where the last ended
 
 
-def test_lr_finder_run_records_its_trials_and_suggestion(tmp_path):
-    run(tmp_path, "lrf", *SYNTHETIC, "--lr-finder", "--lr-finder-min", 1e-4, "--lr-finder-max", 10,
-        "--lr-finder-trials", 6, "--lr-finder-steps", 3)
+def test_lr_finder_run_records_its_trials_and_suggestion_per_optimizer(tmp_path):
+    run(tmp_path, "lrf", *SYNTHETIC, "--optimizer", "lamb", "--lr-finder", "--lr-finder-optimizers", "sgd,lamb",
+        "--lr-finder-min", 1e-4, "--lr-finder-max", 10, "--lr-finder-trials", 6, "--lr-finder-steps", 3)
     rec = record(tmp_path, "lrf")
     trials = [m for m in rec["metrics"] if m["kind"] == "lr_trial"]
     summary = rec["summary"]
-    assert rec["state"] == "completed" and 2 <= len(trials) <= 6 == rec["run"]["config"]["lr_finder_trials"]
+    assert rec["state"] == "completed" and rec["run"]["config"]["lr_finder_trials"] == 6
     assert not [m for m in rec["metrics"] if m["kind"] == "step"]  # no training steps: trials only
-    assert len({t["first_loss"] for t in trials}) == 1 and summary["lr_finder_first_loss_spread"] == 0
-    assert [t["trial"] for t in trials] == list(range(len(trials)))
-    assert all(b["lr"] > a["lr"] for a, b in zip(trials, trials[1:]))
-    assert all(len(t["losses"]) == t["steps"] and t["final_loss"] == t["losses"][-1] for t in trials)
-    assert summary["lr_finder_trials"] == len(trials) and summary["lr_finder_rule"] == "min_loss_lr/10"
-    assert summary["lr_finder_suggested_lr"] == pytest.approx(summary["lr_finder_min_loss_lr"] / 10)
+    # --optimizer's test first, then the others; each from the same weights: one first loss for every trial
+    assert summary["lr_finder_optimizers"] == ["lamb", "sgd"] == list(dict.fromkeys(t["optimizer"] for t in trials))
+    assert len({t["first_loss"] for t in trials}) == 1
+    by_optimizer = summary["lr_finder_by_optimizer"]
+    for name in ("lamb", "sgd"):
+        mine = [t for t in trials if t["optimizer"] == name]
+        found = by_optimizer[name]
+        assert 2 <= len(mine) <= 6 and [t["trial"] for t in mine] == list(range(len(mine)))
+        assert all(b["lr"] > a["lr"] for a, b in zip(mine, mine[1:]))
+        assert all(len(t["losses"]) == t["steps"] and t["final_loss"] == t["losses"][-1] for t in mine)
+        assert found["lr_finder_trials"] == len(mine) and found["lr_finder_rule"] == "min_loss_lr/10"
+        assert found["lr_finder_first_loss_spread"] == 0
+        assert found["lr_finder_suggested_lr"] == pytest.approx(found["lr_finder_min_loss_lr"] / 10)
+    assert {k: summary[k] for k in by_optimizer["lamb"]} == by_optimizer["lamb"]  # the top level: --optimizer's
     assert summary["steps"] == sum(t["steps"] for t in trials)
+    # the notebook's views: one row per optimiser, one curve each
+    from dlokit.analysis import large_batch
+
+    table = large_batch.lr_suggestions("lrf", runs_dir=tmp_path)
+    assert table["optimizer"].tolist() == ["lamb", "sgd"]
+    assert table["suggested_lr"].tolist() == [by_optimizer[n]["lr_finder_suggested_lr"] for n in ("lamb", "sgd")]
+    figure = large_batch.lr_finder_plot("lrf", runs_dir=tmp_path)
+    assert [line.get_label() for line in figure.axes[0].lines if line.get_marker() == "o"] == ["lamb", "sgd"]
 
 
 # ---- bad options: a message and exit code 2 ---------------------------------------------------------------
@@ -205,6 +221,8 @@ def test_bad_day3_options_are_refused(refused):
     assert "smaller than --lr-finder-max" in refused(["--lr-finder", "--lr-finder-min", 1, "--lr-finder-max", 1])
     assert "at least 2" in refused(["--lr-finder", "--lr-finder-trials", 1])
     assert "fp32 or --amp bf16" in refused(["--lr-finder", "--amp", "fp16"], cuda_available=True)
+    assert "--lr-finder-optimizers: unknown adam" in refused(["--lr-finder", "--lr-finder-optimizers", "sgd,adam"])
+    assert "goes with --lr-finder" in refused(["--lr-finder-optimizers", "sgd"])
     if importlib.util.find_spec("wandb") is None:
         assert "--wandb: the wandb package is not installed" in refused(["--wandb"])
 

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
     g.add_argument("--lr-finder-trials", type=int, default=16, help="learning rates tried, log-spaced")
     g.add_argument("--lr-finder-steps", type=int, default=8,
                    help="training steps per trial (the same batches each time)")
+    g.add_argument("--lr-finder-optimizers", default=None,
+                   help="comma list: one range test per optimiser, each from the same initial weights (the "
+                        "summary's suggestion stays --optimizer's) [default: --optimizer alone]")
 
     g = p.add_argument_group("results tracking (Day 3)")
     g.add_argument("--tensorboard", action="store_true",
@@ -263,6 +266,14 @@ def check_large_batch_options(parser, args, world_size: int) -> None:
             parser.error("--lr-finder-trials must be at least 2 and --lr-finder-steps at least 1")
         if args.amp == "fp16":
             parser.error("--lr-finder runs in fp32 or --amp bf16 (no loss scaling in its trials)")
+    names = [name.strip() for name in (args.lr_finder_optimizers or args.optimizer).split(",") if name.strip()]
+    unknown = [name for name in names if name not in OPTIMIZERS]
+    if unknown or not names:
+        parser.error(f"--lr-finder-optimizers: unknown {', '.join(unknown) or 'empty list'}; choose among "
+                     f"{', '.join(OPTIMIZERS)}")
+    if args.lr_finder_optimizers and not args.lr_finder:
+        parser.error("--lr-finder-optimizers goes with --lr-finder")
+    args.lr_finder_optimizers = list(dict.fromkeys([args.optimizer, *names] if args.lr_finder_optimizers else names))
     for flag, package, hint in (("--tensorboard", "tensorboard", "pip install tensorboard"),
                                 ("--wandb", "wandb", "pip install wandb; or use --tensorboard")):
         if getattr(args, flag[2:]) and importlib.util.find_spec(package) is None:

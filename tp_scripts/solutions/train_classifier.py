@@ -19,10 +19,12 @@ copy you edit, is generated from it: each marked SOLUTION block becomes a `# TOD
 block's STUDENT lines (if any) standing in its place. `dlokit.material.compare(...)` shows what is left.
 """
 import contextlib
+import copy
 import math
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -597,28 +599,34 @@ def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int, epoch_to
 
 def find_lr(t: Training, ins: Instrument) -> None:
     """--lr-finder: log-spaced learning rates, each trained on the same first batches from the same initial
-    weights (lr_range_test.py, TP3.2); one 'lr_trial' record line per trial, the suggestion in the summary."""
+    weights (lr_range_test.py, TP3.2), for each optimiser of --lr-finder-optimizers; one 'lr_trial' record line
+    per trial, the suggestions in the summary (--optimizer's at its top level)."""
     args = t.args
     batches = first_batches(t.data.train_loader, args.lr_finder_steps, t.device, args.channels_last)
     lrs = log_spaced(args.lr_finder_min, args.lr_finder_max, args.lr_finder_trials)
+    start = copy.deepcopy(t.raw_model.state_dict())  # every optimiser's test starts from these weights
 
-    def make_optimizer(lr: float):
-        return optim_setup.build_optimizer(args.optimizer, t.raw_model.parameters(), lr, args.momentum,
-                                           args.weight_decay)
+    def make_optimizer(name: str, lr: float):
+        return optim_setup.build_optimizer(name, t.raw_model.parameters(), lr, args.momentum, args.weight_decay)
 
-    def record(trial: dict) -> None:
-        ins.log("lr_trial", **trial)
+    def record(name: str, trial: dict) -> None:
+        ins.log("lr_trial", optimizer=name, **trial)
         first, smoothed = (float("nan") if trial[k] is None else trial[k] for k in ("first_loss", "smoothed_loss"))
-        t.say(f"trial {trial['trial'] + 1:2d}/{len(lrs)} | lr {trial['lr']:.2e} | first loss {first:.4f} | "
+        t.say(f"{name} trial {trial['trial'] + 1:2d}/{len(lrs)} | lr {trial['lr']:.2e} | first loss {first:.4f} | "
               f"smoothed loss {smoothed:.4f}" + (" | diverged" if trial["diverged"] else ""))
 
-    trials = lr_range_test(t.model, make_optimizer, batches, t.criterion, t.amp_dtype, lrs, seed=args.seed,
-                           on_trial=record)
-    found = suggest_lr(trials)
-    ins.finish(steps=sum(trial["steps"] for trial in trials), epochs=0, **found)
-    t.say(f"suggested lr {found['lr_finder_suggested_lr']} (rule {found['lr_finder_rule']}; steepest descent at "
-          f"{found['lr_finder_steepest_lr']}); first losses differ by {found['lr_finder_first_loss_spread']:.2e} "
-          "(relative)")
+    by_optimizer, steps = {}, 0
+    for name in args.lr_finder_optimizers:
+        t.raw_model.load_state_dict(start)
+        trials = lr_range_test(t.model, partial(make_optimizer, name), batches, t.criterion, t.amp_dtype, lrs,
+                               seed=args.seed, on_trial=partial(record, name))
+        found = by_optimizer[name] = suggest_lr(trials)
+        steps += sum(trial["steps"] for trial in trials)
+        t.say(f"{name}: suggested lr {found['lr_finder_suggested_lr'] or 0:.3g} (rule {found['lr_finder_rule']}; "
+              f"steepest descent at {found['lr_finder_steepest_lr'] or 0:.3g}); first losses differ by "
+              f"{found['lr_finder_first_loss_spread'] or 0:.2e} (relative)")
+    ins.finish(steps=steps, epochs=0, **by_optimizer[args.optimizer], lr_finder_optimizers=list(by_optimizer),
+               lr_finder_by_optimizer=by_optimizer)
 
 
 # ---- the report ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     optimizer_table(job_ids)      # one row per training: optimiser, global batch, peak lr, warm-up, top-1
     optimizer_plot(job_ids)       # grouped bars, ours beside DLO-JZ's (GPU, CIFAR-10, 30 / 75 epochs)
     large_batch_lesson(job_ids)   # does this run show the lesson? top-1 with intervals, agrees / contradicts / noise
-    lr_finder_plot(job_id)        # loss reached per learning rate, the suggested lr marked
+    lr_finder_plot(job_ids)       # loss reached per learning rate, per optimiser and batch, suggestions marked
+    lr_suggestions(finder_jobs, trainings)  # the suggested lr per optimiser x batch, beside the lr a training used
 """
 from __future__ import annotations
 
@@ -92,31 +93,71 @@ def _bar_labels(table: pd.DataFrame) -> list[str]:
 
 
 def lr_trials(job_id, runs_dir=None) -> pd.DataFrame:
-    """The 'lr_trial' lines of an --lr-finder run: lr, first/final/smoothed loss, diverged."""
+    """The 'lr_trial' lines of an --lr-finder run: optimiser, lr, first/final/smoothed loss, diverged."""
     trials = load_run(job_id, runs_dir).lines("lr_trial")
-    keep = [c for c in ("trial", "lr", "first_loss", "final_loss", "smoothed_loss", "steps", "diverged") if c in trials]
+    keep = [c for c in ("optimizer", "trial", "lr", "first_loss", "final_loss", "smoothed_loss", "steps", "diverged")
+            if c in trials]
     return trials[keep].reset_index(drop=True)
 
 
-def lr_finder_plot(job_id, runs_dir=None):
-    """Smoothed loss reached per learning rate (log scale), the suggested learning rate marked."""
-    run = load_run(job_id, runs_dir)
-    trials = lr_trials(job_id, runs_dir)
-    if trials.empty:
-        return message_figure([run.describe_state()], title="LR range test")
-    figure, axes = new_figure(1, 1, size=(7, 4))
-    ax = axes[0][0]
-    finite = trials.dropna(subset=["smoothed_loss"])
-    ax.plot(finite["lr"], finite["smoothed_loss"], "o-", label="loss reached (mean of each trial's last steps)")
-    ax.plot(trials["lr"], trials["first_loss"], "x:", color="grey", label="loss at each trial's first step")
-    suggested = as_number(run.summary.get("lr_finder_suggested_lr"))
-    if suggested is not None:
-        ax.axvline(suggested, color="C3", linestyle="--", label=f"suggested lr {suggested:.2g}")
-    ax.set(xscale="log", xlabel="learning rate", ylabel="training loss", title="LR range test")
-    top = finite["smoothed_loss"].max() if len(finite) else None
-    if top is not None and math.isfinite(top):
-        ax.set_ylim(top=min(top, 3 * trials["first_loss"].max()) * 1.05)
-    ax.legend(fontsize=7)
+def range_tests(run) -> dict:
+    """{optimiser: its range test's summary}; a run from before --lr-finder-optimizers: its one optimiser."""
+    found = run.summary.get("lr_finder_by_optimizer")
+    return found if isinstance(found, dict) else {run.config.get("optimizer", "sgd"): run.summary}
+
+
+def lr_suggestions(finder_jobs, trainings=(), runs_dir=None) -> pd.DataFrame:
+    """One row per optimiser and global batch of the --lr-finder runs: the learning rate each range test suggests
+    (and the lr of its lowest loss, of its steepest descent, the first that diverged); beside it, with
+    `trainings`, the peak lr a training of that optimiser and batch used (a scaled one first) and their ratio."""
+    finder_jobs = finder_jobs if isinstance(finder_jobs, (list, tuple)) else [finder_jobs]
+    trained = optimizer_table(list(trainings), runs_dir) if len(trainings) else pd.DataFrame()
+    if not trained.empty:
+        trained = trained.assign(unscaled=trained["lr_scaling"].isin([None, "none"])).sort_values("unscaled")
+    rows = []
+    for run in load_runs(finder_jobs, runs_dir):
+        batch = run.config.get("global_batch_size")
+        for name, found in range_tests(run).items():
+            row = {"optimizer": name, "global_batch": batch, "suggested_lr": as_number(found.get("lr_finder_suggested_lr")),
+                   "min_loss_lr": as_number(found.get("lr_finder_min_loss_lr")),
+                   "steepest_lr": as_number(found.get("lr_finder_steepest_lr")),
+                   "diverged_at_lr": as_number(found.get("lr_finder_diverged_at_lr"))}
+            if not trained.empty:
+                same = trained[(trained["optimizer"] == name) & (trained["global_batch"] == batch)]
+                row["trained_lr"] = as_number(same["lr_peak"].iloc[0]) if len(same) else None
+                row["trained_over_suggested"] = (row["trained_lr"] / row["suggested_lr"]
+                                                 if row["trained_lr"] and row["suggested_lr"] else None)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lr_finder_plot(job_ids, runs_dir=None):
+    """One panel per --lr-finder run (one global batch each): per optimiser, the loss reached per learning rate
+    (log scale), its suggestion marked; the trials' first losses in grey (flat when each restarted)."""
+    runs = load_runs(job_ids if isinstance(job_ids, (list, tuple)) else [job_ids], runs_dir)
+    tables = [lr_trials(run.run_id, runs_dir) for run in runs]
+    if not runs or all(t.empty for t in tables):
+        return message_figure([run.describe_state() for run in runs] or ["no run"], title="LR range test")
+    figure, axes = new_figure(1, len(runs), size=(7 * len(runs), 4))
+    for ax, run, trials in zip(axes[0], runs, tables):
+        if "optimizer" not in trials:
+            trials = trials.assign(optimizer=run.config.get("optimizer", "sgd"))
+        suggestions = range_tests(run)
+        for index, (name, mine) in enumerate(trials.groupby("optimizer", sort=False)):
+            finite = mine.dropna(subset=["smoothed_loss"])
+            ax.plot(finite["lr"], finite["smoothed_loss"], "o-", color=f"C{index}", label=name)
+            suggested = as_number((suggestions.get(name) or {}).get("lr_finder_suggested_lr"))
+            if suggested is not None:
+                ax.axvline(suggested, color=f"C{index}", linestyle="--", linewidth=1)
+        ax.plot(trials["lr"], trials["first_loss"], "x", color="grey", label="each trial's first loss")
+        ax.set(xscale="log", xlabel="learning rate", ylabel="training loss (mean of each trial's last steps)",
+               title=f"LR range test, global batch {run.config.get('global_batch_size')}")
+        finite = trials.dropna(subset=["smoothed_loss"])
+        top = finite["smoothed_loss"].max() if len(finite) else None
+        if top is not None and math.isfinite(top):
+            ax.set_ylim(top=min(top, 3 * trials["first_loss"].max()) * 1.05)
+        ax.legend(fontsize=7)
+    add_notes(figure, ["dashed: each optimiser's suggested lr (a tenth of the lr of its lowest loss)"])
     return figure
 
 

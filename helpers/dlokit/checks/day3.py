@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dlokit.analysis.large_batch import range_tests
+
 from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
 from .records import load_completed, load_last
 
@@ -64,27 +66,39 @@ def optimizers(job_ids):
 
 
 @check("TP3.2 LR range test")
-def lr_finder(job_id):
-    """Every trial of the --lr-finder run started from the same weights with a fresh optimiser (their first
-    losses are the same number), and the run suggested a learning rate."""
-    run, problem = load_last(job_id)
-    if problem:
-        return problem
-    summary = run.summary
-    trials = summary.get("lr_finder_trials") or 0
-    spread = summary.get("lr_finder_first_loss_spread")
-    suggested = summary.get("lr_finder_suggested_lr")
-    details = [f"run {run.run_id}: {trials} trials, first-loss spread {spread}, suggested lr {suggested} "
-               f"(rule {summary.get('lr_finder_rule')})"]
-    if trials < 3:
-        return failed(f"run {run.run_id} ran {trials} trial(s): an LR range test needs several (is --lr-finder on?)",
-                      details)
-    if spread is None or spread > SAME_START:
-        return failed(f"the trials did not start from the same loss (relative spread {spread}): each trial must "
-                      "reload the initial weights and build a fresh optimiser (TODO TP3.2 in lr_range_test.py)", details)
-    if suggested is None:
-        return failed("every trial diverged: no learning rate to suggest; lower --lr-finder-max", details)
-    return passed(f"{trials} trials from the same weights and a fresh optimiser; suggested lr {suggested:.3g}", details)
+def lr_finder(job_ids):
+    """In every --lr-finder run (one per batch), every optimiser's trials started from the same weights with a
+    fresh optimiser (their first losses are the same number), and each range test suggested a learning rate."""
+    runs = []
+    for job_id in job_ids if isinstance(job_ids, (list, tuple)) else [job_ids]:
+        run, problem = load_last(job_id)
+        if problem:
+            return problem
+        runs.append(run)
+    tests = [(run, name, found) for run in runs for name, found in range_tests(run).items()]
+    details = [f"run {run.run_id} (batch {run.config.get('global_batch_size')}), {name}: "
+               f"{found.get('lr_finder_trials') or 0} trials, first-loss spread {_g(found.get('lr_finder_first_loss_spread'))}, "
+               f"suggested lr {_g(found.get('lr_finder_suggested_lr'))} (rule {found.get('lr_finder_rule')})"
+               for run, name, found in tests]
+    for run, name, found in tests:
+        trials, spread = found.get("lr_finder_trials") or 0, found.get("lr_finder_first_loss_spread")
+        if trials < 3:
+            return failed(f"run {run.run_id} ran {trials} {name} trial(s): an LR range test needs several (is "
+                          "--lr-finder on?)", details)
+        if spread is None or spread > SAME_START:
+            return failed(f"the {name} trials of run {run.run_id} did not start from the same loss (relative spread "
+                          f"{_g(spread)}): each trial must reload the initial weights and build a fresh optimiser "
+                          "(TODO TP3.2 in lr_range_test.py)", details)
+        if found.get("lr_finder_suggested_lr") is None:
+            return failed(f"every {name} trial of run {run.run_id} diverged: no learning rate to suggest; lower "
+                          "--lr-finder-max", details)
+    return passed(f"{len(tests)} range test(s) ({', '.join(dict.fromkeys(name for _, name, _ in tests))} at "
+                  f"{len(runs)} batch(es)), each trial from the same weights and a fresh optimiser, each with a "
+                  "suggested lr", details)
+
+
+def _g(value) -> str:
+    return "none" if value is None else f"{value:.3g}"
 
 
 @check("TP3.5 hyper-parameter search")
