@@ -125,7 +125,7 @@ def test_compiled_training_inference_and_optimizer_steps_agree_with_eager_and_fu
     assert step["items"] == "parameters" and step["tensors"] == 62 and step["optimizer"] == "Adam"  # ResNet-18's
     assert step["items_per_s"] == pytest.approx(11_181_642 / step["t_step"])
     # one kernel for the whole step against a few per operation over 62 tensors: several times fewer memory trips
-    assert fused["t_step"] < step["t_step"]
+    assert fused["t_step_min"] < step["t_step_min"]
 
 
 @pytest.mark.slow

@@ -20,9 +20,10 @@ The job of TP3.3 (Day 3). Four timed parts, and TorchScript's control-flow pitfa
 - inference: the same model's forward pass in eval mode under torch.inference_mode (no autograd at all), on one
   fixed batch: what serving a model costs, compiled or not, and compiled with Inductor's freezing (`compile-frozen`:
   the weights become constants, folded into the graph and laid out once for the convolution library);
-- optimizer: one Adam step over the model's parameters (fixed gradients): eager runs a few kernels per operation over
-  the whole list of tensors (foreach), `fused` is PyTorch's hand-written kernel (Adam(fused=True)), and a compiled
-  step lets Inductor generate fused code; compared on the parameters they end with;
+- optimizer: one Adam step over the model's parameters (fixed gradients): eager (foreach) runs one operation at a
+  time over the list of tensors (a few multi-tensor kernels per operation on a GPU, a loop over the tensors on a
+  CPU), each reading and writing every parameter; `fused` (Adam(fused=True)) updates each tensor in one pass; a
+  compiled step lets Inductor generate fused code; compared on the parameters they end with;
 - function: a NumPy-style chain of elementwise operations and row reductions (GELU, then softmax) on a big
   tensor: eager runs one kernel per operation, each reading and writing the whole tensor; a compiler fuses them;
 - control flow (always, in a blink): a function that branches on its data, traced and scripted on an example that
@@ -409,6 +410,7 @@ def train_step(model, optimizer, images, labels) -> float:
 def bench_inference(args, variants, device, compiler_problem, record, say) -> list[dict]:
     from torch._inductor import config as inductor_config
 
+    freezing_before = inductor_config.freezing  # TORCHINDUCTOR_FREEZING=1 makes it the default
     torch.manual_seed(args.seed)
     model = torchvision.models.get_model(args.model, num_classes=args.num_classes).to(device).eval()
     generator = torch.Generator().manual_seed(args.seed + 1)
@@ -434,7 +436,7 @@ def bench_inference(args, variants, device, compiler_problem, record, say) -> li
                             extra={"ddp": False, "model": args.model, "batch_size": args.batch_size,
                                    "image_size": args.image_size})
     finally:
-        inductor_config.freezing = False
+        inductor_config.freezing = freezing_before
 
 
 # ---- part 3: the optimizer step -----------------------------------------------------------------------
@@ -475,9 +477,9 @@ def optimizer_step(optimizer):
 
 
 def checksum_of_parameters(params) -> list[float]:
-    """A few numbers that stand for the parameters: the sum of each of eight tensors spread over the list."""
+    """A few numbers that stand for the parameters: the sums of eight tensors spread over the list."""
     every = max(1, len(params) // 8)
-    return [float(p.detach().double().sum()) for p in params[::every]]
+    return [float(p.detach().double().sum()) for p in params[::every][:8]]
 
 
 # ---- TorchScript's pitfall: a trace keeps one branch ----------------------------------------------------

@@ -82,8 +82,8 @@ LESSONS = {
         "Llama-3.1-8B on 8×H100 with torchtitan: 5,762 tokens/s/GPU eager, 6,667 with torch.compile",
         metric="t_step", measured="step time"),
     "fused_optimizer": Lesson(
-        "an optimizer step in one fused kernel (Adam(fused=True), PyTorch's own) beats the for-each kernels, which "
-        "read and write every parameter once per operation", True,
+        "an optimizer step fused per tensor (Adam(fused=True), PyTorch's own) beats the for-each implementation, "
+        "which reads and writes every parameter once per operation", True,
         "no single public figure: PyTorch's optimizer docs rank the implementations fused, then foreach, then the "
         "for-loop", metric="t_step", measured="step time"),
     "augment_on_device": Lesson(

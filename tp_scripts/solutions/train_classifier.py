@@ -622,11 +622,15 @@ def find_lr(t: Training, ins: Instrument) -> None:
                                seed=args.seed, on_trial=partial(record, name))
         found = by_optimizer[name] = suggest_lr(trials)
         steps += sum(trial["steps"] for trial in trials)
-        t.say(f"{name}: suggested lr {found['lr_finder_suggested_lr'] or 0:.3g} (rule {found['lr_finder_rule']}; "
-              f"steepest descent at {found['lr_finder_steepest_lr'] or 0:.3g}); first losses differ by "
-              f"{found['lr_finder_first_loss_spread'] or 0:.2e} (relative)")
+        t.say(f"{name}: suggested lr {_g(found['lr_finder_suggested_lr'])} (rule {found['lr_finder_rule']}; "
+              f"steepest descent at {_g(found['lr_finder_steepest_lr'])}); first losses differ by "
+              f"{_g(found['lr_finder_first_loss_spread'])} (relative)")
     ins.finish(steps=steps, epochs=0, **by_optimizer[args.optimizer], lr_finder_optimizers=list(by_optimizer),
                lr_finder_by_optimizer=by_optimizer)
+
+
+def _g(value) -> str:
+    return "none" if value is None else f"{value:.3g}"
 
 
 # ---- the report ------------------------------------------------------------------------------------

@@ -140,17 +140,22 @@ def lr_finder_plot(job_ids, runs_dir=None):
         return message_figure([run.describe_state() for run in runs] or ["no run"], title="LR range test")
     figure, axes = new_figure(1, len(runs), size=(7 * len(runs), 4))
     for ax, run, trials in zip(axes[0], runs, tables):
+        if trials.empty:  # a run that recorded no trial (failed, cancelled): its state in its panel
+            ax.text(0.5, 0.5, run.describe_state(), ha="center", va="center", wrap=True, fontsize=8)
+            ax.set_axis_off()
+            continue
         if "optimizer" not in trials:
             trials = trials.assign(optimizer=run.config.get("optimizer", "sgd"))
         suggestions = range_tests(run)
         for index, (name, mine) in enumerate(trials.groupby("optimizer", sort=False)):
             finite = mine.dropna(subset=["smoothed_loss"])
-            ax.plot(finite["lr"], finite["smoothed_loss"], "o-", color=f"C{index}", label=name)
+            ax.plot(finite["lr"], finite["smoothed_loss"], "o-", color=f"C{index}",
+                    label=f"{name}: loss reached (mean of each trial's last steps)" if index == 0 else name)
             suggested = as_number((suggestions.get(name) or {}).get("lr_finder_suggested_lr"))
             if suggested is not None:
                 ax.axvline(suggested, color=f"C{index}", linestyle="--", linewidth=1)
         ax.plot(trials["lr"], trials["first_loss"], "x", color="grey", label="each trial's first loss")
-        ax.set(xscale="log", xlabel="learning rate", ylabel="training loss (mean of each trial's last steps)",
+        ax.set(xscale="log", xlabel="learning rate", ylabel="training loss",
                title=f"LR range test, global batch {run.config.get('global_batch_size')}")
         finite = trials.dropna(subset=["smoothed_loss"])
         top = finite["smoothed_loss"].max() if len(finite) else None

@@ -75,6 +75,8 @@ def lr_finder(job_ids):
         if problem:
             return problem
         runs.append(run)
+    if not runs:
+        return failed("no --lr-finder run given")
     tests = [(run, name, found) for run in runs for name, found in range_tests(run).items()]
     details = [f"run {run.run_id} (batch {run.config.get('global_batch_size')}), {name}: "
                f"{found.get('lr_finder_trials') or 0} trials, first-loss spread {_g(found.get('lr_finder_first_loss_spread'))}, "
