@@ -313,6 +313,26 @@ def test_local_race_job_requeues_itself_and_resumes(workspace, tiny):
     check_requeued_history(job_id, day.runs)
 
 
+@pytest.mark.slow
+def test_a_warmup_as_long_as_the_test_or_the_race_still_runs(workspace, tiny):
+    """The week's warm-up (Day 3 keeps 1 epoch) may be as long as the test job's steps, or as the planned race: the
+    test runs without one (it only times steps), the race with half its epochs (the script refuses a warm-up as long
+    as the run). Found by the course on 2026-11-27: Day 1 chose batch 16, and the race's test job exited 2."""
+    day = race_day("alice", "local", tiny)
+    options = ["--warmup-epochs", "1", "--lr", "0.05"]
+    test_id = race.submit_test(day, options, steps=6)  # 6 steps: one epoch of the tiny set at batch 8
+    assert dlokit.job_outcome(test_id).state == "COMPLETED", dlokit.job_outcome(test_id)
+    assert load_run(test_id, day.runs).config["warmup_steps"] == 0
+    plan = race.make_plan(test_id, profile=day.profile, budget_minutes=60, gpus=1)
+    plan.epochs = 1
+    argv = race.launch.run_command(day, plan, options)
+    assert race.launch.option_value(argv, "--warmup-epochs") == "0.5"
+    job_id = race.submit_run(day, plan, options)
+    outcome = dlokit.wait([job_id], timeout_s=300)[0]
+    assert outcome.state == "COMPLETED", outcome
+    assert load_run(job_id, day.runs).config["warmup_steps"] == 3  # half of the epoch's 6 steps
+
+
 @pytest.mark.slurm
 def test_slurm_race_job_checkpoints_requeues_and_resumes(workspace, slurm_cluster, tiny):
     day = race_day("racer", "local-slurm", tiny)

@@ -23,6 +23,9 @@ from .requeue import RequeueingTask, option_value
 RACE_TAG = "race"
 SIGNAL_BEFORE_S = 120  # Slurm may send it up to a minute early: room for a step and a checkpoint
 TEST_STEPS = 20
+# The test job is a timing probe: the lr does not change the time of a step, and the race's warm-up, counted in epochs
+# of the real run (Day 3 keeps 1), may be as long as the probe's few steps, which the script refuses
+NO_WARMUP = ("--warmup-steps", "0", "--warmup-epochs", "0")
 # Slurm's --begin forms: now[+count[units]], a named time, HH:MM[:SS][AM|PM], YYYY-MM-DD[THH:MM[:SS]], MM/DD[/YY]
 BEGIN = re.compile(r"now(\+\d+(seconds|minutes|hours|days|weeks|second|minute|hour|day|week|[smhdw])?)?"
                    r"|midnight|noon|fika|teatime|today|tomorrow"
@@ -44,17 +47,26 @@ def check_begin(value) -> str:
 def submit_test(day, options=(), steps: int = TEST_STEPS, wait: bool = True) -> str:
     """A short timed --test job with the race options, on the race's GPU count; returns its job id. It saves one
     checkpoint at its last step: the race run saves one every epoch, and the plan counts that time."""
-    return day.submit(day.command("--checkpoint-steps", str(steps), *options, steps=steps), n_gpu=day.profile.race_gpus,
-                      wait=wait, tp=RACE_TAG)[0]
+    return day.submit(day.command("--checkpoint-steps", str(steps), *options, *NO_WARMUP, steps=steps),
+                      n_gpu=day.profile.race_gpus, wait=wait, tp=RACE_TAG)[0]
 
 
 def run_command(day, plan: RacePlan, options=()) -> list[str]:
     """The day's sizes first (as in its test job), then what the week chose (precision, layout, DataLoader:
-    `day.carried`), then the race options, which win where they repeat them."""
-    return [str(day.script), "--data", day.data, "--model", day.model, "--image-size", str(day.image_size),
+    `day.carried`), then the race options, which win where they repeat them; a warm-up as long as the plan's epochs
+    becomes half of them (fitted_warmup)."""
+    argv = [str(day.script), "--data", day.data, "--model", day.model, "--image-size", str(day.image_size),
             "--batch-size", str(day.batch_size), "--epochs", str(plan.epochs), "--checkpoint-epochs",
             "--checkpoint-on-signal", "--print-every", "20", *without_overridden(day.carried, options),
             *map(str, options)]
+    return argv + fitted_warmup(argv, plan.epochs)
+
+
+def fitted_warmup(argv: list[str], epochs: int) -> list[str]:
+    """The options that shorten a warm-up of --warmup-epochs W >= the run's epochs (the script refuses it: e.g. the
+    week's 1 epoch in a 1-epoch race) to half of the run; none when it fits."""
+    warmup = option_value(argv, "--warmup-epochs")
+    return ["--warmup-epochs", f"{epochs / 2:g}"] if warmup is not None and float(warmup) >= epochs else []
 
 
 def _check_same_as_test(plan: RacePlan, argv: list[str]) -> None:
@@ -88,6 +100,10 @@ def submit_run(day, plan: RacePlan, options=(), begin: str | None = None, wait: 
         raise RacePlanError("the plan fits no epoch in the budget:\n" + plan.formula())
     argv = run_command(day, plan, options)
     _check_same_as_test(plan, argv)
+    asked = option_value([*day.carried, *map(str, options)], "--warmup-epochs")
+    if option_value(argv, "--warmup-epochs") != asked:
+        print(f"a warm-up of {asked} epoch(s) does not fit a {plan.epochs}-epoch race: "
+              f"{option_value(argv, '--warmup-epochs')} epoch(s) instead")
     profile = race_profile(profile, begin)
     spec = JobSpec.from_command(argv, name=day.nickname, n_gpu=plan.gpus, time_max=plan.time_limit,
                                 env={jobenv.TAG: RACE_TAG})
