@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -229,19 +230,55 @@ def test_batch_scan_names_the_largest_batch_that_fits_and_reads_the_memory_line(
     assert none.largest_fitting is None and "the largest batch that fits: none" in str(none)
 
 
-def test_fastest_shown_keeps_the_largest_gain_that_agrees():
+def write_scan_run(runs_dir, run_id, batch, images_per_s, spread, seed):
+    """A run whose settled steps compute `images_per_s` ± `spread` (a fraction), as a noisy machine gives."""
+    rng = np.random.default_rng(seed)
+    with RunRecorder({"batch_size": batch, "model": "tiny"}, run_id=run_id, runs_dir=runs_dir) as recorder:
+        for step in range(1, 13):
+            t_step = batch / (images_per_s * (1 + spread * rng.uniform(-1, 1)))
+            recorder.log("step", step=step, batch_size=batch, t_data=0.0, t_step=t_step,
+                         throughput_compute=batch / t_step, throughput_train=batch / t_step)
+        recorder.finish(steps=12)
+
+
+def test_the_scan_keeps_a_smaller_batch_only_when_shown_within_5_percent_of_the_fastest(tmp_path):
+    # quiet: 32 computes 98 % of 64's speed, both measured tightly: the smaller batch is shown equivalent
+    for run_id, batch, speed in (("q16", 16, 70.0), ("q32", 32, 98.0), ("q64", 64, 100.0)):
+        write_scan_run(tmp_path, run_id, batch, speed, spread=0.01, seed=batch)
+    table = analysis.batch_speeds(["q16", "q32", "q64"], tmp_path)
+    assert list(table["equivalent"]) == [False, True, True] and list(table["fastest"]) == [False, False, True]
+    assert table.loc[1, "vs_low"] >= 0.95 and table.loc[0, "vs_high"] < 0.95
+    assert analysis.chosen_batch(["q16", "q32", "q64"], tmp_path) == 32
+    # noisy: 16 is 88 % of 64 and their intervals overlap; "within noise" would pick 16, nothing shows it equal: 64
+    for run_id, batch, speed in (("n16", 16, 88.0), ("n64", 64, 100.0)):
+        write_scan_run(tmp_path, run_id, batch, speed, spread=0.25, seed=batch)
+    noisy = analysis.batch_speeds(["n16", "n64"], tmp_path)
+    assert noisy.loc[0, "high"] >= noisy.loc[1, "low"]  # the overlap the old rule called a tie
+    assert analysis.chosen_batch(["n16", "n64"], tmp_path) == 64
+    figure = analysis.throughput_vs_batch(["n16", "n64"], tmp_path)
+    assert "chosen: batch 64\n(the fastest: no smaller batch shown within 5 % of it)" in figure_texts(figure)
+    assert analysis.chosen_batch([], tmp_path) is None and analysis.batch_speeds([], tmp_path).empty
+
+
+def test_fastest_shown_keeps_the_largest_gain_that_agrees_and_says_why_in_the_verdicts_own_terms():
     from dlokit import lessons
     from dlokit.analysis.stats import Estimate
 
-    def judged(value, low, high):
-        return lessons.verdict_of("amp", Estimate(value, low, high, runs=2, steps=20), True, "x")
+    def judged(value, low, high, on_gpu=True, effect="amp"):
+        return lessons.verdict_of(effect, Estimate(value, low, high, runs=2, steps=20), on_gpu, "x")
     verdicts = {"tf32": judged(1.4, 1.3, 1.5), "bf16": judged(1.5, 1.2, 1.8), "fp16": judged(1.9, 0.8, 3.0)}
     assert analysis.fastest_shown(verdicts, default="fp32") == (
         "bf16", "its gain over fp32 is the largest this machine showed")  # fp16's larger ratio is within noise
     assert analysis.fastest_shown({"fp16": judged(1.9, 0.8, 3.0)}, default="fp32") == (
-        "fp32", "fp16 showed no gain over fp32 here")
-    assert analysis.fastest_shown({k: judged(1.0, 0.8, 1.2) for k in ("tf32", "bf16")}, default="fp32") == (
-        "fp32", "none of tf32, bf16 showed a gain over fp32 here")
+        "fp32", "fp16 showed no gain over fp32 beyond noise here (×1.90 [0.80–3.00])")
+    kept, why = analysis.fastest_shown({"tf32": judged(1.0, 0.8, 1.2), "bf16": judged(0.5, 0.4, 0.6)}, default="fp32")
+    assert kept == "fp32" and why == ("tf32 showed no gain over fp32 beyond noise here (×1.00 [0.80–1.20]); "
+                                      "bf16 was slower than fp32 here (×0.50 [0.40–0.60])")
+    # a gain the lesson says a CPU cannot show: the default stays, and the text does not call a measured gain "none"
+    kept, why = analysis.fastest_shown({"channels_last": judged(1.23, 1.02, 1.32, on_gpu=False, effect="channels_last")},
+                                       default="NCHW")
+    assert kept == "NCHW" and why == ("channels_last's gain does not apply on this hardware, so NCHW stays whatever "
+                                      "it measured (×1.23 [1.02–1.32])")
 
 
 def test_dataloader_trials_sorted_by_load_time(loader_runs):

@@ -158,6 +158,18 @@ def test_lr_range_trials_start_from_the_same_loss_in_the_solution_only():
     assert len({t["first_loss"] for t in drifting}) == len(drifting)  # ...then each starts where the last ended
 
 
+def test_a_range_test_whose_lowest_loss_is_its_smallest_lr_saw_no_descent_and_suggests_nothing():
+    finder = load(SOLUTIONS / "lr_range_test.py", "finder_solution")
+    flat = [finder.describe(k, lr, [2.30, 2.30 + 0.01 * k]) for k, lr in enumerate(finder.log_spaced(1e-6, 1e-2, 5))]
+    summary = finder.suggest_lr(flat)
+    # a tenth of the lowest loss's lr would be 1e-7, below the range tried: no suggestion, and it says why
+    assert summary["lr_finder_no_descent"] and summary["lr_finder_suggested_lr"] is None
+    assert summary["lr_finder_min_loss_lr"] == pytest.approx(1e-6) and summary["lr_finder_steepest_lr"] is None
+    falling = [finder.describe(k, lr, [2.30, 2.30 - 0.1 * k]) for k, lr in enumerate(finder.log_spaced(1e-6, 1e-2, 5))]
+    found = finder.suggest_lr(falling)
+    assert not found["lr_finder_no_descent"] and found["lr_finder_suggested_lr"] == pytest.approx(1e-3)
+
+
 def test_lr_finder_run_records_its_trials_and_suggestion_per_optimizer(tmp_path):
     run(tmp_path, "lrf", *SYNTHETIC, "--optimizer", "lamb", "--lr-finder", "--lr-finder-optimizers", "sgd,lamb",
         "--lr-finder-min", 1e-4, "--lr-finder-max", 10, "--lr-finder-trials", 6, "--lr-finder-steps", 3)

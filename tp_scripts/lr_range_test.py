@@ -102,18 +102,24 @@ def describe(index: int, lr: float, losses: list[float]) -> dict:
 def suggest_lr(trials: list[dict]) -> dict:
     """The summary of the test. The suggestion is the lr of the lowest smoothed loss divided by 10: the
     lowest loss sits at the edge of blowing up, a tenth of it trains fast and stays clear of that edge.
+    When the lowest loss is the smallest lr's, no trial lowered the loss: the test saw no descent
+    (lr_finder_no_descent) and suggests nothing, since a tenth of it would lie below the range tried.
     The steepest descent (largest fall of the smoothed loss per decade of lr) is given beside it."""
     usable = [t for t in trials if not t["diverged"] and t["smoothed_loss"] is not None]
     firsts = [t["first_loss"] for t in trials if t["first_loss"] is not None]
     spread = (max(firsts) - min(firsts)) / abs(sum(firsts) / len(firsts)) if firsts else None
     summary = {"lr_finder_trials": len(trials), "lr_finder_rule": "min_loss_lr/10",
                "lr_finder_suggested_lr": None, "lr_finder_min_loss_lr": None, "lr_finder_steepest_lr": None,
-               "lr_finder_first_loss_spread": spread,
+               "lr_finder_no_descent": False, "lr_finder_first_loss_spread": spread,
                "lr_finder_diverged_at_lr": next((t["lr"] for t in trials if t["diverged"]), None)}
     if not usable:
         return summary
     best = min(usable, key=lambda t: t["smoothed_loss"])
-    summary.update(lr_finder_min_loss_lr=best["lr"], lr_finder_suggested_lr=best["lr"] / 10)
+    summary["lr_finder_min_loss_lr"] = best["lr"]
+    if best is usable[0] and len(usable) > 1:
+        summary["lr_finder_no_descent"] = True
+    else:
+        summary["lr_finder_suggested_lr"] = best["lr"] / 10
     slopes = [((b["smoothed_loss"] - a["smoothed_loss"]) / math.log10(b["lr"] / a["lr"]), a["lr"])
               for a, b in zip(usable, usable[1:])]
     if slopes and min(slopes)[0] < 0:  # no fall at all: no steepest descent

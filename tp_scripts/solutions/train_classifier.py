@@ -622,6 +622,9 @@ def find_lr(t: Training, ins: Instrument) -> None:
                                seed=args.seed, on_trial=partial(record, name))
         found = by_optimizer[name] = suggest_lr(trials)
         steps += sum(trial["steps"] for trial in trials)
+        if found["lr_finder_no_descent"]:
+            t.say(f"{name}: no descent seen: the lowest loss is the smallest lr's ({_g(found['lr_finder_min_loss_lr'])}); "
+                  "no suggestion (more --lr-finder-steps per trial, or a lower --lr-finder-min)")
         t.say(f"{name}: suggested lr {_g(found['lr_finder_suggested_lr'])} (rule {found['lr_finder_rule']}; "
               f"steepest descent at {_g(found['lr_finder_steepest_lr'])}); first losses differ by "
               f"{_g(found['lr_finder_first_loss_spread'])} (relative)")

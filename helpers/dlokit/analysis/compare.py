@@ -139,11 +139,24 @@ def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estima
 
 def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
     """(the arm whose gain this machine showed with the largest ratio, why it was kept): among the verdicts
-    {arm: lessons.Verdict} that agree with their lesson; `default` when none did."""
+    {arm: lessons.Verdict} that agree with their lesson; `default` when none did. The reason says what each
+    other arm's verdict was, so that it never reads against the numbers shown beside it (a lesson that does not
+    apply here keeps `default` whatever its ratio was, which makes the choice the same on every run)."""
     shown = {arm: v.estimate.value for arm, v in verdicts.items() if v.outcome == stats.AGREES}
-    if not shown:
-        arms = list(verdicts)
-        said = f"{arms[0]} showed no gain" if len(arms) == 1 else f"none of {', '.join(arms)} showed a gain"
-        return default, f"{said} over {default} here"
-    best = max(shown, key=shown.get)
-    return best, f"its gain over {default} is the largest this machine showed"
+    if shown:
+        best = max(shown, key=shown.get)
+        return best, f"its gain over {default} is the largest this machine showed"
+    return default, "; ".join(_not_kept(arm, v, default) for arm, v in verdicts.items())
+
+
+def _not_kept(arm: str, verdict, default: str) -> str:
+    from dlokit import lessons
+
+    measured = verdict.estimate.text() if verdict.estimate.runs else "not measured"
+    if verdict.outcome == lessons.NOT_APPLICABLE:
+        return f"{arm}'s gain does not apply on this hardware, so {default} stays whatever it measured ({measured})"
+    if verdict.outcome == stats.CONTRADICTS:
+        return f"{arm} was slower than {default} here ({measured})"
+    if verdict.outcome in (lessons.NO_MEASUREMENT, lessons.NO_INTERVAL):
+        return f"{arm} has no measurement to judge ({measured})"
+    return f"{arm} showed no gain over {default} beyond noise here ({measured})"

@@ -121,6 +121,7 @@ def lr_suggestions(finder_jobs, trainings=(), runs_dir=None) -> pd.DataFrame:
             row = {"optimizer": name, "global_batch": batch, "suggested_lr": as_number(found.get("lr_finder_suggested_lr")),
                    "min_loss_lr": as_number(found.get("lr_finder_min_loss_lr")),
                    "steepest_lr": as_number(found.get("lr_finder_steepest_lr")),
+                   "no_descent": bool(found.get("lr_finder_no_descent")),
                    "diverged_at_lr": as_number(found.get("lr_finder_diverged_at_lr"))}
             if not trained.empty:
                 same = trained[(trained["optimizer"] == name) & (trained["global_batch"] == batch)]
@@ -149,9 +150,11 @@ def lr_finder_plot(job_ids, runs_dir=None):
         suggestions = range_tests(run)
         for index, (name, mine) in enumerate(trials.groupby("optimizer", sort=False)):
             finite = mine.dropna(subset=["smoothed_loss"])
+            found = suggestions.get(name) or {}
+            label = f"{name}: loss reached (mean of each trial's last steps)" if index == 0 else name
             ax.plot(finite["lr"], finite["smoothed_loss"], "o-", color=f"C{index}",
-                    label=f"{name}: loss reached (mean of each trial's last steps)" if index == 0 else name)
-            suggested = as_number((suggestions.get(name) or {}).get("lr_finder_suggested_lr"))
+                    label=label + (" — no descent seen: no suggestion" if found.get("lr_finder_no_descent") else ""))
+            suggested = as_number(found.get("lr_finder_suggested_lr"))
             if suggested is not None:
                 ax.axvline(suggested, color=f"C{index}", linestyle="--", linewidth=1)
         ax.plot(trials["lr"], trials["first_loss"], "x", color="grey", label="each trial's first loss")

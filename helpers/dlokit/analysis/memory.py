@@ -76,35 +76,53 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
     return figure
 
 
+# A smaller batch replaces the fastest only when its whole interval shows it within this fraction of the fastest.
+EQUIVALENT_WITHIN = 0.05
+
+
 def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.DataFrame:
     """A batch scan: per completed run, its batch size and `metric` (median of the settled steps) with its 95 %
-    interval; `fastest` marks the best, `tied` the batches within noise of it (their intervals overlap).
+    interval; `vs_fastest` (with `vs_low`, `vs_high`) its ratio to the fastest run's; `fastest` marks the best,
+    and `equivalent` the batches shown to be within EQUIVALENT_WITHIN of it (the ratio's whole interval above
+    1 - EQUIVALENT_WITHIN).
+
+    Why not "within noise of the fastest": under noise every interval widens and overlaps, so that rule picked a
+    smaller batch on a noisy run and the fastest on quiet ones (Day 1 on a 2-core CPU chose 64, 64, 16, 64 in four
+    course runs of 2026-11-27). An equivalence has to be shown; noise alone keeps the fastest (64 in all four).
     The default reads the device's work (forward, backward, optimizer step), not the loader's: on an H100 a
     loader without workers fed Day 1's JPEGs at ~500 img/s while the GPU computed 1,760 (batch 32) to 2,300
     (batch 256), so a scan of the whole step measured the loader (docs/benchmarks.md, 2026-11-26)."""
-    rows = []
+    rows, completed = [], {}
     for run in load_runs(runs, runs_dir):
         batch = run.config.get("batch_size")
         if run.state != COMPLETED or batch is None:
             continue
         value = stats.estimate(run, metric)
         if value.runs:
+            completed[run.run_id] = run
             rows.append({"run_id": run.run_id, "batch_size": int(batch), metric: value.value, "low": value.low,
                          "high": value.high})
-    table = pd.DataFrame(rows, columns=["run_id", "batch_size", metric, "low", "high"]).sort_values("batch_size")
-    if table.empty:
-        return table.assign(fastest=[], tied=[])
-    best = table.loc[table[metric].idxmax()]
-    table["fastest"] = table["run_id"] == best["run_id"]
-    table["tied"] = table["high"] >= best["low"]
-    return table.reset_index(drop=True)
+    columns = ["run_id", "batch_size", metric, "low", "high", "vs_fastest", "vs_low", "vs_high", "fastest",
+               "equivalent"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    table = pd.DataFrame(rows).sort_values("batch_size")
+    best = table.loc[table[metric].idxmax(), "run_id"]
+    ratios = [stats.ratio(completed[best], completed[run_id], metric) for run_id in table["run_id"]]
+    table["vs_fastest"] = [r.value for r in ratios]
+    table["vs_low"] = [r.low for r in ratios]
+    table["vs_high"] = [r.high for r in ratios]
+    table["fastest"] = table["run_id"] == best
+    table["equivalent"] = table["fastest"] | (table["vs_low"] >= 1 - EQUIVALENT_WITHIN)
+    return table[columns].reset_index(drop=True)
 
 
 def chosen_batch(runs, runs_dir=None, metric: str = "throughput_compute") -> int | None:
-    """The batch a scan recommends: the smallest one within noise of the fastest (a larger batch buys nothing this
-    scan could measure, and costs memory and steps per epoch). None when no run completed."""
+    """The batch a scan recommends: the smallest one shown to be within EQUIVALENT_WITHIN of the fastest (a larger
+    batch buys nothing this scan could measure, and costs memory and steps per epoch), else the fastest. None
+    when no run completed."""
     table = batch_speeds(runs, runs_dir, metric)
-    return int(table.loc[table["tied"], "batch_size"].min()) if not table.empty else None
+    return int(table.loc[table["equivalent"].astype(bool), "batch_size"].min()) if not table.empty else None
 
 
 def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_compute"):
@@ -128,9 +146,10 @@ def throughput_vs_batch(runs, runs_dir=None, metric: str = "throughput_compute")
                 label=f"{metric} (median of the settled steps, 95 % interval)")
     for b in ooms["batch_size"]:
         ax.axvline(b, color="tab:red", alpha=0.4, label="out of memory" if b == ooms["batch_size"].iloc[0] else None)
-    chosen = speeds[speeds["tied"]].iloc[0]
+    chosen = speeds[speeds["equivalent"].astype(bool)].iloc[0]
     last = chosen["batch_size"] == speeds["batch_size"].max()  # then the label goes left, inside the axes
-    ax.annotate(f"chosen: batch {int(chosen['batch_size'])}\n(smallest within noise of the fastest)",
+    why = "the fastest: no smaller batch shown within" if chosen["fastest"] else "the smallest shown within"
+    ax.annotate(f"chosen: batch {int(chosen['batch_size'])}\n({why} {100 * EQUIVALENT_WITHIN:.0f} % of it)",
                 (chosen["batch_size"], chosen[metric]), fontsize=8, xytext=(-8 if last else 5, -22),
                 textcoords="offset points", ha="right" if last else "left")
     ax.set(xlabel="batch size (per GPU)", ylabel=f"images / s ({metric.removeprefix('throughput_')})",

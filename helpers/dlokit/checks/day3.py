@@ -91,6 +91,10 @@ def lr_finder(job_ids):
             return failed(f"the {name} trials of run {run.run_id} did not start from the same loss (relative spread "
                           f"{_g(spread)}): each trial must reload the initial weights and build a fresh optimiser "
                           "(TODO TP3.2 in lr_range_test.py)", details)
+        if found.get("lr_finder_no_descent"):
+            return failed(f"the {name} range test of run {run.run_id} saw no descent: its lowest loss is the smallest "
+                          f"lr's ({_g(found.get('lr_finder_min_loss_lr'))}), so it suggests nothing; give each trial "
+                          "more steps (--lr-finder-steps) or start lower (--lr-finder-min)", details)
         if found.get("lr_finder_suggested_lr") is None:
             return failed(f"every {name} trial of run {run.run_id} diverged: no learning rate to suggest; lower "
                           "--lr-finder-max", details)

@@ -1,6 +1,10 @@
 """What the checks read: a job's run record, its `observed` block, the hardware it ran on, ratios."""
 from __future__ import annotations
 
+import math
+
+from dlokit.analysis import stats
+from dlokit.analysis.compare import STEP_METRICS
 from dlokit.analysis.table import as_number
 
 from .framework import CheckResult, failed
@@ -139,11 +143,22 @@ def memory_key(run) -> str:
     return "gpu_mem_peak_mb" if number(run, "gpu_mem_peak_mb") is not None else "host_rss_peak_mb"
 
 
+def measured(run, key):
+    """A run's value of `key` as the verdicts and the comparison tables read it: the median of its settled steps
+    for what is measured every step (so a check's line shows the same ratio as the verdict beside it), else
+    the summary's number (a peak, a total)."""
+    if run is not None and key in STEP_METRICS:
+        value = stats.estimate(run, key).value
+        if math.isfinite(value):
+            return value
+    return number(run, key)
+
+
 def compare_text(label, run, base, key, unit) -> str:
-    value, reference, factor = number(run, key), number(base, key), ratio(run, base, key)
-    if factor is None:
+    value, reference = measured(run, key), measured(base, key)
+    if value is None or reference in (None, 0):
         return f"{label}: not measured"
-    return f"{label}: {value:.4g} {unit} vs {reference:.4g} {unit} (×{factor:.2f})"
+    return f"{label}: {value:.4g} {unit} vs {reference:.4g} {unit} (×{value / reference:.2f})"
 
 
 def factor_words(factor, what, higher_is_better=True) -> str:
