@@ -201,6 +201,8 @@ def test_lr_finder_run_records_its_trials_and_suggestion_per_optimizer(tmp_path)
     assert table["suggested_lr"].tolist() == [by_optimizer[n]["lr_finder_suggested_lr"] for n in ("lamb", "sgd")]
     figure = large_batch.lr_finder_plot("lrf", runs_dir=tmp_path)
     assert [line.get_label().split(":")[0] for line in figure.axes[0].lines if line.get_marker() == "o"] == ["lamb", "sgd"]
+    assert sorted(line.get_label() for line in figure.axes[0].lines if line.get_linestyle() == "--") == [
+        f"{name} suggests {by_optimizer[name]['lr_finder_suggested_lr']:.3g}" for name in ("lamb", "sgd")]
 
 
 # ---- bad options: a message and exit code 2 ---------------------------------------------------------------

@@ -84,3 +84,13 @@ def test_verdict_text_follows_its_interval():
     lone = stats.ratio_of_samples([[0.006]], [[1.0, 1.1, 0.9]])
     v = lessons.verdict_of("augment_cost", lone, on_gpu=False, what="RandAugment against mixup")
     assert v.outcome == lessons.NO_INTERVAL and "interval contains" not in v.text and "no verdict" in v.text
+
+
+def test_the_interval_of_a_few_runs_of_a_speed_stays_positive():
+    # two runs of an arm that differ by a fifth (Day 2's two 2-rank runs on the CPU, 2026-11-27): with one degree
+    # of freedom the linear t-interval went below zero; on the log scale it stays a speed
+    fast, slow = [steps(178, 9, 0.02), steps(145, 9, 0.02)], [steps(100, 9, 0.02), steps(104, 9, 0.02)]
+    arm = stats.estimate_of_samples(fast)
+    assert arm.basis == stats.RUNS and 0 < arm.low < arm.value < arm.high
+    assert arm.value == pytest.approx((178 * 145) ** 0.5, rel=0.02)  # the geometric mean, as ratio_of_samples uses
+    assert stats.ratio_of_samples(slow, fast).value == pytest.approx(arm.value / stats.estimate_of_samples(slow).value)

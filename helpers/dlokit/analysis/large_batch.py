@@ -155,8 +155,9 @@ def lr_finder_plot(job_ids, runs_dir=None):
             ax.plot(finite["lr"], finite["smoothed_loss"], "o-", color=f"C{index}",
                     label=label + (" — no descent seen: no suggestion" if found.get("lr_finder_no_descent") else ""))
             suggested = as_number(found.get("lr_finder_suggested_lr"))
-            if suggested is not None:
-                ax.axvline(suggested, color=f"C{index}", linestyle="--", linewidth=1)
+            if suggested is not None:  # labelled: two optimisers' suggestions can fall on the same lr
+                ax.axvline(suggested, color=f"C{index}", linestyle="--", linewidth=1,
+                           label=f"{name} suggests {suggested:.3g}")
         ax.plot(trials["lr"], trials["first_loss"], "x", color="grey", label="each trial's first loss")
         ax.set(xscale="log", xlabel="learning rate", ylabel="training loss",
                title=f"LR range test, global batch {run.config.get('global_batch_size')}")

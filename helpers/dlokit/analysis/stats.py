@@ -145,17 +145,23 @@ def estimate(runs, metric: str = "throughput_train", confidence: float = CONFIDE
 
 
 def estimate_of_samples(samples: list, confidence: float = CONFIDENCE) -> Estimate:
-    """From raw values: one array per run (its steps). Several runs: a t-interval over the runs' medians;
-    one run: a bootstrap of its median."""
+    """From raw values: one array per run (its steps). Several runs: a t-interval over the runs' medians, on
+    their logarithm when all are positive (a speed or a time: the interval stays positive, and the value, their
+    geometric mean, is the one ratio_of_samples divides: two DDP runs of Day 2 at about 178 and 145 img/s read
+    -46 to 369 img/s on the linear scale, 44 to 583 on the log one); one run: a bootstrap of its median."""
     samples = [np.asarray(s, dtype=float) for s in samples if len(s)]
     if not samples:
         return NO_ESTIMATE
     n_steps = sum(len(s) for s in samples)
     if len(samples) >= 2:
         medians = np.array([np.median(s) for s in samples])
-        mean, sem = float(medians.mean()), float(stats.sem(medians))
-        low, high = (mean, mean) if sem == 0 else stats.t.interval(confidence, len(medians) - 1, loc=mean, scale=sem)
-        return Estimate(mean, float(low), float(high), len(samples), n_steps, RUNS, confidence)
+        positive = bool((medians > 0).all())
+        points = np.log(medians) if positive else medians
+        mean, sem = float(points.mean()), float(stats.sem(points))
+        low, high = (mean, mean) if sem == 0 else stats.t.interval(confidence, len(points) - 1, loc=mean, scale=sem)
+        back = np.exp if positive else float
+        return Estimate(float(back(mean)), float(back(low)), float(back(high)), len(samples), n_steps, RUNS,
+                        confidence)
     steps = samples[0]
     if len(steps) < 2 or np.ptp(steps) == 0:
         value = float(np.median(steps))
