@@ -56,8 +56,11 @@ def test_list_of_commands_makes_one_job_per_combination(backend):
     assert len(set(ids)) == 4
     outcomes = dlokit.wait(ids, timeout_s=180)
     assert [o.state for o in outcomes] == ["COMPLETED"] * 4, "\n".join(map(str, outcomes))
-    seen = {(tuple(json_lines(i, 1)[0]["argv"]), json_lines(i, 1)[0]["world_size"]) for i in ids}
-    assert seen == {(("a",), 1), (("b",), 1), (("a",), 2), (("b",), 2)}
+    seen = [(tuple(json_lines(i, 1)[0]["argv"]), json_lines(i, 1)[0]["world_size"]) for i in ids]
+    assert seen == [(("a",), 1), (("a",), 2), (("b",), 1), (("b",), 2)]  # the ids in the order asked for
+    if backend.backend == "local":  # first come, first served: they ran in that order too, not grouped by size
+        started = [json_lines(i, 1)[0]["at_unix"] for i in ids]
+        assert started == sorted(started)
     # below the ephemeral ports (a rendezvous port drawn there was once taken by another connection)
     assert all(json_lines(i, 1)[0]["master_port"] < 32768 for i in ids)
     if backend.backend == "slurm":

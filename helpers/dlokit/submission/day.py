@@ -88,9 +88,10 @@ class Day:
 
     def submit_arms(self, arms: dict, repeats: int = 1, n_gpu: int = 1, tp: str | None = None, **options) -> dict:
         """Submit each command of `arms` ({label: command}, or {label: (command, n_gpu)}) `repeats` times,
-        alternating (A B A B ...: the jobs run in that order, so a drift of the machine over the minutes hits
-        every arm alike); show the queue until they end; return {label: [job ids]}, the arms that
-        dlokit.analysis.compare_runs and dlokit.lessons take."""
+        alternating (A B A B ...: on this machine's queue the jobs run in that order, so a drift of the machine
+        over the minutes hits every arm alike; on Slurm, arms of one layout go as one array); show the queue
+        until they end; return {label: [job ids]}, the arms that dlokit.analysis.compare_runs and
+        dlokit.lessons take."""
         if repeats < 1:
             raise ValueError(f"repeats must be 1 or more, got {repeats}")
         order = [label for _ in range(repeats) for label in arms]

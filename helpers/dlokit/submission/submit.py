@@ -52,7 +52,22 @@ class DeviceLockedLocalExecutor(submitit.LocalExecutor):
             # a new session: a Ctrl-C in the notebook does not reach the job
             process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                        start_new_session=True)
+        _wait_until_queued(self.folder, process)
         return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+
+
+QUEUED_WITHIN_S = 30.0
+
+
+def _wait_until_queued(folder: Path, process: subprocess.Popen) -> None:
+    """Return once the launcher holds its ticket in the device queue (its waiting or start note exists), or has
+    ended. The queue serves tickets in the order of submission, but a launcher slower to start than the next
+    one found no older ticket and let the next job run first: Day 2's alternated 1- and 2-rank repeats ran
+    2, 1, 1, 2. A launcher is queued about 0.2 s after it starts."""
+    notes = [folder / f"{process.pid}_{kind}.json" for kind in ("waiting", "started")]
+    deadline = time.monotonic() + QUEUED_WITHIN_S
+    while process.poll() is None and not any(note.exists() for note in notes) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _executor(profile: Profile, folder: Path, layout: Layout, spec: JobSpec):
@@ -115,10 +130,9 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
     shared_folders.shared_top(profile.runs, "run records")
     if verbose:
         _note_unread_by_instructors(profile)
-    cards = []
-    groups = itertools.groupby(sorted(zip(specs, layouts), key=lambda p: _group_key(*p)), key=lambda p: _group_key(*p))
-    for _, members in groups:
-        members = list(members)
+    cards = [None] * len(specs)
+    for batch in _batches(specs, layouts, profile.backend == "slurm"):
+        indices, members = [i for i, _ in batch], [member for _, member in batch]
         spec, layout = members[0]
         folder = profile.logs / spec.name
         executor = _executor(profile, folder, layout, spec)
@@ -131,7 +145,7 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                  for (s, _), run_id in zip(members, run_ids)]
         with _outside_this_job(), executor.batch():
             submitted = [executor.submit(task) for task in tasks]
-        for (member, member_layout), job, run_id in zip(members, submitted, run_ids):
+        for index, (member, member_layout), job, run_id in zip(indices, members, submitted, run_ids):
             card = jobs.JobCard(job_id=run_id or str(job.job_id), native_id=str(job.job_id), name=member.name,
                                 backend=profile.backend,
                                 profile=profile.name, folder=str(folder), argv=member.argv,
@@ -143,7 +157,7 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                        **({"tag": member.env[jobenv.TAG]} if member.env.get(jobenv.TAG) else {})})
             card.save()
             jobs.remember(card, job)
-            cards.append(card)
+            cards[index] = card
             if verbose:
                 print(f"submitted {card.job_id} | {member_layout.summary(member.name)}")
                 print(f"    {member.command_line}")
@@ -163,6 +177,18 @@ def _outside_this_job():
         yield
     finally:
         os.environ.update(saved)
+
+
+def _batches(specs: list[JobSpec], layouts: list[Layout], slurm: bool) -> list[list]:
+    """The jobs sent together, as [(index in the caller's list, (spec, layout)), ...]. On Slurm, every job of
+    one layout (a job array). Locally, each run of consecutive jobs of one layout: the local queue is first come,
+    first served, so jobs start in the caller's order and arms submitted A B A B run A B A B (sorted by layout,
+    Day 2's 1-rank and 2-rank repeats ran 1, 1, 2, 2, and a drift of the machine went into their ratio).
+    The cards are returned in the caller's order either way."""
+    indexed = list(enumerate(zip(specs, layouts)))
+    if slurm:
+        indexed.sort(key=lambda item: _group_key(*item[1]))
+    return [list(batch) for _, batch in itertools.groupby(indexed, key=lambda item: _group_key(*item[1]))]
 
 
 def _group_key(spec: JobSpec, layout: Layout):
