@@ -6,7 +6,8 @@ per TP, the verdict of each run.
 Each run is `python -m dlokit.course` (every day, then the race) with its own run records and job logs, as a
 fresh clone would have. Read back from the executed notebooks: every check's status (and its judged parts), every
 lesson verdict (dlokit.lessons: agrees / contradicts / within noise / not applicable), the ❌ shown, and the jobs
-that failed or timed out (the check "the day's jobs"). The table goes to stdout and to <out>/repeatability.md;
+that failed or timed out (the check "the day's jobs"); from the course notes, what each day chose for the next (the
+batch, the precision, the layout, the loader, the optimiser). The table goes to stdout and to <out>/repeatability.md;
 the script exits 1 when a verdict differs between runs, a ❌ was shown, or a job failed.
 """
 from __future__ import annotations
@@ -54,6 +55,21 @@ def conclusions(notebook: Path) -> dict[str, str]:
     return found
 
 
+def choices(runs_dir: Path) -> dict[str, str]:
+    """{key: value} for what each day chose and saved for the next (dlokit.submission.week: the batch, the
+    precision, the layout, the loader, the optimiser): a choice that moves with the noise changes every later day."""
+    from dlokit.submission.week import CHOICES
+
+    found = {}
+    for path in sorted(runs_dir.glob("course-notes-*.json")):
+        notes = json.loads(path.read_text())
+        for choice in CHOICES:
+            if choice.key in notes:
+                value = notes[choice.key]
+                found[f"week | choice: {choice.key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return found
+
+
 def crosses(notebook: Path) -> int:
     """❌ shown in the notebook's outputs (its markdown explains the marks too)."""
     cells = json.loads(notebook.read_text()).get("cells", [])
@@ -76,6 +92,8 @@ def main(argv=None) -> int:
         for notebook in notebooks:
             for key, verdict in conclusions(notebook).items():
                 table[key][k] = verdict
+        for key, value in choices(out / "runs").items():
+            table[key][k] = value
         print(f"run {k + 1}: {walls[-1]:.0f} s, {len(table)} conclusions so far, ❌ shown: {marks[-1]}", flush=True)
     differing = [key for key, values in table.items() if len(set(values)) > 1]
     lines = [f"{args.runs} runs of `python -m dlokit.course` on the solutions; wall time per run: "

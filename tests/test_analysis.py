@@ -284,8 +284,8 @@ def test_fastest_shown_keeps_the_largest_gain_that_agrees_and_says_why_in_the_ve
     # a gain the lesson says a CPU cannot show: the default stays, and the text does not call a measured gain "none"
     kept, why = analysis.fastest_shown({"channels_last": judged(1.23, 1.02, 1.32, on_gpu=False, effect="channels_last")},
                                        default="NCHW")
-    assert kept == "NCHW" and why == ("channels_last's gain does not apply on this hardware, so NCHW stays whatever "
-                                      "it measured (×1.23 [1.02–1.32])")
+    assert kept == "NCHW" and why == ("channels_last's gain does not apply on this hardware: NCHW stays, whatever "
+                                      "channels_last measured (×1.23 [1.02–1.32])")
 
 
 def test_dataloader_trials_sorted_by_load_time(loader_runs):

@@ -1,6 +1,7 @@
 """The week's thread: what Day 1 and Day 2 chose reaches the later days' commands and the race, a TP's own options
 win over it, and a day whose earlier choice is missing says so and uses the script's defaults."""
 import importlib.util
+import json
 import shlex
 from pathlib import Path
 
@@ -174,3 +175,15 @@ def test_a_race_without_day3_says_so_and_trains_with_the_scripts_optimiser(week_
         racer.describe()
     args = parse(shlex.join(race.launch.run_command(racer, type("Plan", (), {"epochs": 1}))))
     assert (args.optimizer, args.lr_scaling, args.amp) == ("sgd", "none", "bf16")
+
+
+def test_the_repeatability_bench_tabulates_what_each_day_chose(week_so_far):
+    """bench/course_repeatability.py reads the course notes of each run: a choice that moves with the noise (Day 1's
+    batch did: 64, 64, 16, 64, 32 in five course runs) shows as a row that differs between runs."""
+    spec = importlib.util.spec_from_file_location("course_repeatability", REPO / "bench" / "course_repeatability.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    found = bench.choices(day().runs)
+    assert found["week | choice: batch_size"] == "64" and found["week | choice: amp"] == "bf16"
+    assert found["week | choice: channels_last"] == "true" and found["week | choice: loader"] == json.dumps(TUNED)
+    assert "week | choice: optimizer" not in found  # Day 3 has not run: nothing to show

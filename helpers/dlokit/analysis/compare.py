@@ -154,7 +154,7 @@ def _not_kept(arm: str, verdict, default: str) -> str:
 
     measured = verdict.estimate.text() if verdict.estimate.runs else "not measured"
     if verdict.outcome == lessons.NOT_APPLICABLE:
-        return f"{arm}'s gain does not apply on this hardware, so {default} stays whatever it measured ({measured})"
+        return f"{arm}'s gain does not apply on this hardware: {default} stays, whatever {arm} measured ({measured})"
     if verdict.outcome == stats.CONTRADICTS:
         return f"{arm} was slower than {default} here ({measured})"
     if verdict.outcome in (lessons.NO_MEASUREMENT, lessons.NO_INTERVAL):
