@@ -409,6 +409,18 @@ def test_training_curves(runs_dir):
     assert figure.axes[0].get_yscale() == "linear"
 
 
+def test_training_curves_name_each_run_by_what_sets_it_apart(tmp_path):
+    common = dict(optimizer="sgd", lr=0.05, lr_schedule="cosine")
+    write_run(tmp_path, "1127-000000-aaaa", batch=16, global_batch_size=16, lr_scaling="none", warmup_epochs=0, **common)
+    write_run(tmp_path, "1127-000000-bbbb", batch=150, global_batch_size=150, lr_scaling="linear", warmup_epochs=1.0,
+              **common)
+    figure = analysis.training_curves(["1127-000000-aaaa", "1127-000000-bbbb"], tmp_path)
+    labels = [text.get_text() for text in figure.axes[2].get_legend().get_texts()]  # one legend, the runs' colours
+    assert labels == ["aaaa: batch 16, no lr scaling, no warm-up", "bbbb: batch 150, linear lr scaling, 1-epoch warm-up"]
+    assert figure.axes[0].get_legend() is None and figure.axes[1].get_legend() is None
+    assert "dashed with circles: validation" in figure_texts(figure)
+
+
 def test_epoch_times_stack_each_epochs_validation_on_its_training(tmp_path):
     recorder = RunRecorder({"batch_size": 32}, run_id="1201", runs_dir=tmp_path, script="train_classifier.py")
     for epoch, (train_s, val_s) in enumerate([(3.0, 1.0), (2.0, 2.0)]):

@@ -29,8 +29,26 @@ def _spans_decades(ax, decades: int = 2) -> bool:
     return bool(values) and max(values) > 10 ** decades * min(values)
 
 
+# What tells one training from another in a legend, when the runs differ in it (a job id says nothing)
+_DIFFERENCES = (("global_batch_size", lambda v: f"batch {v}"), ("optimizer", str), ("lr", lambda v: f"lr {v:g}"),
+                ("lr_scaling", lambda v: "no lr scaling" if v == "none" else f"{v} lr scaling"),
+                ("warmup_epochs", lambda v: f"{float(v):g}-epoch warm-up" if float(v) else "no warm-up"),
+                ("lr_schedule", lambda v: f"{v} schedule"))
+
+
+def _labels(runs) -> dict:
+    """{run_id: its legend label}: the end of its id, then the settings in which the runs differ."""
+    shown = [(key, words) for key, words in _DIFFERENCES if len({str(r.config.get(key)) for r in runs}) > 1]
+    if not shown:
+        return {run.run_id: run.label for run in runs}
+    return {run.run_id: f"{run.run_id[-4:]}: " + ", ".join(words(run.config[key]) for key, words in shown
+                                                           if run.config.get(key) is not None)
+            for run in runs}
+
+
 def training_curves(runs, runs_dir=None):
-    """Three panels: loss (train steps, validation points), accuracy, learning rate."""
+    """Three panels: loss (train steps, validation points), accuracy, learning rate; the legend names each run by
+    the settings in which the runs differ (batch, optimiser, learning rate, its scaling, warm-up, schedule)."""
     runs = load_runs(runs, runs_dir)
     plotted = [r for r in runs if not r.steps.empty]
     notes = [r.describe_state() for r in runs if r.steps.empty or r.state != "completed"]
@@ -38,8 +56,9 @@ def training_curves(runs, runs_dir=None):
         return message_figure(notes or ["no runs"], title="training curves")
     figure, axes = new_figure(1, 3, size=(13, 4))
     loss_ax, acc_ax, lr_ax = axes[0]
+    labels = _labels(plotted)
     for index, run in enumerate(plotted):
-        color, label = f"C{index % 10}", run.label + (f" ×{run.world_size} ranks" if run.world_size > 1 else "")
+        color, label = f"C{index % 10}", labels[run.run_id] + (f" ×{run.world_size} ranks" if run.world_size > 1 else "")
         steps, vals, epochs = run.steps, run.lines("val"), _epoch_steps(run)
         for ax, frame, y, style, suffix in (
                 (loss_ax, steps, "loss", "-", " train"), (loss_ax, vals, "val_loss", "o--", " val"),
@@ -50,8 +69,10 @@ def training_curves(runs, runs_dir=None):
                 ax.plot(*series, style, color=color, label=label + suffix, alpha=0.9)
     for ax, title in ((loss_ax, "loss"), (acc_ax, "accuracy"), (lr_ax, "learning rate")):
         ax.set(title=title, xlabel="step")
-        if ax.lines:
-            ax.legend(fontsize=7)
+    # one legend, of the runs' colours (a legend in every panel hid the curves); the line styles in a note
+    (lr_ax if lr_ax.lines else loss_ax).legend(fontsize=7)
+    notes = ["solid: training steps; dashed with circles: validation; dotted with squares: training accuracy per "
+             "epoch"] + notes
     if _spans_decades(loss_ax):  # e.g. a first validation at 2,000 (BatchNorm statistics of a few steps) beside 2.3
         loss_ax.set(yscale="log", title="loss (log scale)")
     add_notes(figure, notes)
