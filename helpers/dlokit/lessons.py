@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 
 from dlokit.analysis import stats
-from dlokit.analysis.stats import AGREES, CONTRADICTS, WITHIN_NOISE, Estimate
+from dlokit.analysis.stats import (AGREES, CONTRADICTS, NO_INTERVAL, NO_MEASUREMENT, NOT_APPLICABLE, WITHIN_NOISE,
+                                   Estimate)
 
-NOT_APPLICABLE, NO_MEASUREMENT, NO_INTERVAL = "not applicable", "no measurement", "no interval"
 MIME = "application/vnd.dlokit.verdict+json"  # what a saved notebook keeps of a verdict, machine-readable
 
 

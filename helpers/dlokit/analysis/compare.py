@@ -150,13 +150,11 @@ def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
 
 
 def _not_kept(arm: str, verdict, default: str) -> str:
-    from dlokit import lessons
-
     measured = verdict.estimate.text() if verdict.estimate.runs else "not measured"
-    if verdict.outcome == lessons.NOT_APPLICABLE:
+    if verdict.outcome == stats.NOT_APPLICABLE:
         return f"{arm}'s gain does not apply on this hardware: {default} stays, whatever {arm} measured ({measured})"
     if verdict.outcome == stats.CONTRADICTS:
         return f"{arm} was slower than {default} here ({measured})"
-    if verdict.outcome in (lessons.NO_MEASUREMENT, lessons.NO_INTERVAL):
+    if verdict.outcome in (stats.NO_MEASUREMENT, stats.NO_INTERVAL):
         return f"{arm} has no measurement to judge ({measured})"
     return f"{arm} showed no gain over {default} beyond noise here ({measured})"

@@ -30,6 +30,8 @@ RESAMPLES = 2000
 SEED = 20261125  # the same records always give the same interval
 SETTLED_WITHIN = 0.05  # a step within 5 % of the steady step time has warmed up
 AGREES, CONTRADICTS, WITHIN_NOISE = "agrees", "contradicts", "within noise"
+# a lesson's other outcomes (dlokit.lessons): hardware the jobs did not have, a run missing, too few samples
+NOT_APPLICABLE, NO_MEASUREMENT, NO_INTERVAL = "not applicable", "no measurement", "no interval"
 RUNS, STEPS = "runs", "steps"  # what an interval rests on
 
 
