@@ -84,9 +84,9 @@ EQUIVALENT_WITHIN = 0.05
 
 def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.DataFrame:
     """A batch scan: per completed run, its batch size and `metric` (median of the settled steps) with its 95 %
-    interval; `vs_fastest` its ratio to the fastest run's; `low_vs_larger` the lowest bound, over every larger
-    batch, of the interval of its ratio to that batch; `as_fast_as_larger` whether that bound is at least
-    1 - EQUIVALENT_WITHIN: shown within 5 % of every larger batch (the largest batch is, having none).
+    interval; `low_vs_larger` the lowest bound, over every larger batch, of the interval of its speed ratio to
+    that batch; `as_fast_as_larger` whether that bound is at least 1 - EQUIVALENT_WITHIN: shown within 5 % of every
+    larger batch (the largest batch is, having none).
 
     Why not "within noise of the fastest": under noise every interval widens and overlaps, and the fastest itself
     changes when the top two are close, so the choice moved with the noise: Day 1 on a 2-core CPU chose 64, 64,
@@ -105,11 +105,10 @@ def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.
             completed[run.run_id] = run
             rows.append({"run_id": run.run_id, "batch_size": int(batch), metric: value.value, "low": value.low,
                          "high": value.high})
-    columns = ["run_id", "batch_size", metric, "low", "high", "vs_fastest", "low_vs_larger", "as_fast_as_larger"]
+    columns = ["run_id", "batch_size", metric, "low", "high", "low_vs_larger", "as_fast_as_larger"]
     if not rows:
         return pd.DataFrame(columns=columns)
     table = pd.DataFrame(rows).sort_values(["batch_size", metric]).reset_index(drop=True)
-    table["vs_fastest"] = table[metric] / table[metric].max()
     runs_in_order = [completed[run_id] for run_id in table["run_id"]]
     table["low_vs_larger"] = [min((stats.ratio(larger, run, metric).low for larger in runs_in_order[i + 1:]
                                    if larger.config.get("batch_size") > run.config.get("batch_size")),
