@@ -584,3 +584,15 @@ def test_power_vs_batch_reads_the_gpu_peak_and_says_na_without_a_counter(tmp_pat
                                    "host_energy_unavailable": "no RAPL package zone under /sys/class/powercap"}))
     figure = analysis.power_vs_batch(["cpu"], tmp_path)
     assert "n/a on this hardware (no RAPL package zone" in " ".join(t.get_text() for t in figure.axes[0].texts)
+
+
+def test_a_checks_line_shows_the_verdicts_ratio_with_its_interval(tmp_path):
+    from dlokit.analysis import stats
+    from dlokit.checks.records import compare_text
+
+    write_scan_run(tmp_path, "base", 32, 80.0, spread=0.1, seed=1)
+    write_scan_run(tmp_path, "other", 32, 100.0, spread=0.1, seed=2)
+    base, other = analysis.load_run("base", tmp_path), analysis.load_run("other", tmp_path)
+    line = compare_text("compute throughput", other, base, "throughput_compute", "img/s")
+    assert line.endswith(f"({stats.ratio(base, other, 'throughput_compute').text()})")  # the verdict's ×… [low–high]
+    assert compare_text("host", other, base, "host_rss_peak_mb", "MiB") == "host: not measured"  # no peak recorded
