@@ -3,6 +3,7 @@ pruned from the validation accuracy each epoch, kept in a journal file, resumed 
 from __future__ import annotations
 
 import functools
+import io
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from optuna.trial import TrialState
 
 import dlokit
 from dlokit import hpo
+from dlokit.analysis import samplers
 from dlokit.submission import jobs
 from dlokit.in_job.runrecord import read_rank
 
@@ -76,6 +78,17 @@ def test_study_of_four_trials_completes(workspace, tiny_images, capsys):
         assert record["run"]["config"]["lr"] == trial.params["lr"]  # the job ran the options the trial chose
         assert record["run"]["config"]["label_smoothing"] == trial.params["label_smoothing"]
     assert list(table["state"]) == ["COMPLETE"] * 4 and {"val_acc", "lr", "label_smoothing", "job_id"} <= set(table)
+    assert list(table["drawn_by"]) == ["grid point"] * 4
+    compared = samplers.compare_studies({"grid": study})  # the side-by-side table, on the jobs' own records
+    row = compared.iloc[0]
+    assert (row.trials, row.complete, row.epochs_run, row.distinct_options) == (4, 4, 8, 4)
+    assert row.best_job == study.best_trial.user_attrs["job_id"] and row.verdict == samplers.HIGHEST
+    assert row.top1_low <= row.best_top1 == pytest.approx(study.best_value) <= row.top1_high
+    side_by_side = dlokit.checks.samplers({"grid": study})
+    assert side_by_side.status == "passed" and side_by_side.part("grid points").message.startswith("4 distinct")
+    assert samplers.history_figure({"grid": study}).axes
+    assert len(samplers.sampled_figure({"grid": study}, x="lr", y="label_smoothing").axes[0].collections[1]
+               .get_offsets()) == 4
     assert (workspace / "runs" / "hpo" / "grid4.journal").is_file()
     figures = hpo.figures(study)
     assert set(figures) == {"history", "intermediate", "importances"}
@@ -157,6 +170,7 @@ def test_two_notebooks_share_one_study(workspace, tiny_images):
     ids = [t.user_attrs["job_id"] for t in trials]
     assert len(set(ids)) == 2 and sorted(c.job_id for c in jobs.all_cards()) == sorted(ids)
     assert all(len(t.intermediate_values) == 2 for t in trials)
+    assert [t.user_attrs["drawn_by"] for t in trials] == ["random draw"] * 2
 
 
 def test_samplers_pruners_and_the_student_space(tmp_path):
@@ -181,6 +195,80 @@ def test_samplers_pruners_and_the_student_space(tmp_path):
     asked = [study.ask() for _ in range(3)]
     assert len({tuple(student.trial_options(t, SMALL_SPACE)) for t in asked}) == 1
     assert not any(t.params for t in asked)
+
+
+def test_tpe_draws_at_random_until_its_start_up_trials_have_finished_and_the_check_says_so(tmp_path):
+    """The label follows Optuna's own rule: TPE's model chooses only once TPE_STARTUP_TRIALS trials have finished
+    (complete or pruned). A study that never got past its start-up is told so by the check, as information."""
+    from dlokit import checks
+
+    startup = hpo.TPE_STARTUP_TRIALS
+    assert [hpo.drawn_by("tpe", n) for n in range(startup + 1)] == ["random start-up"] * startup + ["TPE model"]
+    assert hpo.drawn_by("grid", 0) == "grid point" and hpo.drawn_by("random", 9) == "random draw"
+    study = hpo.open_study("tpe", storage_dir=tmp_path, sampler="tpe")
+    assert study.sampler._n_startup_trials == startup  # the sampler Optuna runs is the one the label describes
+    # Day 3 says so: from one seed, TPE's start-up draws are the random study's, so the two part ways at TPE's model
+    space = hpo.load_space(SOLUTIONS)
+    twins = [hpo.open_study(f"twin-{name}", storage_dir=tmp_path, sampler=name) for name in ("random", "tpe")]
+    drawn = [[space.trial_options(twin.ask(), SMALL_SPACE) for _ in range(startup)] for twin in twins]
+    assert drawn[0] == drawn[1] and drawn[0][0] != drawn[0][1]
+
+    def tell(n: int, drawn: str) -> None:
+        for _ in range(n):
+            trial = study.ask()
+            trial.suggest_float("lr", 0.01, 1.0, log=True)
+            trial.set_user_attr("drawn_by", drawn)
+            study.tell(trial, 0.5)
+
+    tell(startup, "random start-up")
+    drawn = checks.hpo(study).part("drawn")
+    assert drawn.status == "info" and f"random start-up {startup}" in drawn.message
+    assert "its model chose none" in drawn.message and f"until {startup} trials had finished" in drawn.message
+    tell(1, "TPE model")
+    drawn = checks.hpo(study).part("drawn")
+    assert "TPE model 1" in drawn.message and "chose none" not in drawn.message
+
+
+def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_grid_point_and_unequal_budgets(tmp_path):
+    def study_of(name: str, sampler: str, n: int, params=True, grid=None):
+        study = hpo.open_study(name, storage_dir=tmp_path, sampler=sampler, search_space=grid)
+        for k in range(n):
+            trial = study.ask()
+            if params:
+                trial.suggest_float("lr", 0.01, 0.2, log=True) if grid is None else trial.suggest_categorical(
+                    "lr", grid["lr"])
+            study.tell(trial, 0.1 * (k + 1))
+        return study
+
+    grid = {"lr": [0.01, 0.05, 0.1, 0.2]}  # more points than trials: the grid sampler stops a study it has covered
+    fair = {"grid": study_of("g", "grid", 2, grid=grid), "random": study_of("r", "random", 2)}
+    result = dlokit.checks.samplers(fair)
+    assert result.status == "passed" and result.part("budget").status == "passed"
+    assert result.part("best top-1").message == "no best trial with a validation"  # told values, no job behind them
+    table = samplers.compare_studies(fair)
+    assert list(table["verdict"]) == ["no complete trial with a validation"] * 2 and list(table["complete"]) == [2, 2]
+
+    unequal = dlokit.checks.samplers({**fair, "tpe": study_of("t", "tpe", 3)})
+    assert unequal.status == "failed" and "not the same budget" in unequal.message
+    nothing_drawn = {"random": study_of("u", "random", 2, params=False)}
+    untouched = dlokit.checks.samplers(nothing_drawn)
+    assert untouched.status == "failed" and "TODO TP3.5" in untouched.message
+    samplers.sampled_figure(nothing_drawn).savefig(io.BytesIO())  # no option to place: drawn empty, no error
+    again = study_of("g2", "grid", 2, grid=grid)
+    again.enqueue_trial(again.trials[0].params)  # a grid point asked for a second time
+    trial = again.ask()
+    trial.suggest_categorical("lr", grid["lr"])
+    again.tell(trial, 0.5)
+    repeated = dlokit.checks.samplers({"grid": again})
+    assert repeated.part("grid points").status == "failed", repeated
+
+
+def test_best_accuracies_side_by_side_are_ranked_only_beyond_noise():
+    import pandas as pd
+
+    table = pd.DataFrame({"study": ["grid", "random", "tpe"], "best_top1": [0.40, 0.10, 0.42],
+                          "top1_low": [0.31, 0.05, 0.33], "top1_high": [0.50, 0.18, 0.52]})
+    assert samplers._verdicts(table) == [samplers.WITHIN_NOISE, samplers.BELOW, samplers.HIGHEST]
 
 
 def test_bad_arguments_are_refused_with_a_reason(workspace, tmp_path):

@@ -116,7 +116,7 @@ def assert_none_failed(results: list[dict], expected: set[str]):
 DAY1_CHECKS = {"job completed", "TP1.1 model and batches on the device", "TP1.2 mixed precision",
                "TP1.3 channels_last", "TP1.4 profiler trace"}
 DAY3_CHECKS = {"TP3.1 optimisers and schedules", "TP3.2 LR range test", "TP3.3 compilation", "TP3.4 storage formats",
-               "TP3.5 hyper-parameter search"}
+               "TP3.5 hyper-parameter search", "TP3.5 samplers side by side"}
 DAY3_PROBE = """
 import json
 print("DLOKIT_PROBE " + json.dumps({
@@ -125,6 +125,8 @@ print("DLOKIT_PROBE " + json.dumps({
     "lr_trials": len(analysis.lr_trials(finder_job[0])),
     "read_formats": sorted(analysis.read_table(read_job[0])["format"].unique()),
     "trials": trials["state"].tolist(),
+    "compared": dict(zip(comparison["study"], comparison["complete"].tolist())),
+    "drawn": sorted(set(comparison["drawn_by"])),
     "tensorboard_files": len(events),
     "kept_optimizer": day.recall("optimizer"),
     # the trainings share the machine on purpose (alone=False): only the measurements must have been alone
@@ -242,6 +244,9 @@ def check_day3(results, probe, profile):
     assert set(probe["optimizer_classes"]) == {"SGD", "Lamb"}
     assert probe["lr_trials"] >= 3 and probe["read_formats"] == ["folder", "raw", "webdataset"]
     assert probe["trials"] == ["COMPLETE", "COMPLETE"] and probe["tensorboard_files"] == 1
+    assert probe["compared"] == {"tpe": 2, "grid": 2, "random": 2}  # the three samplers, the same budget each
+    # two trials: TPE never leaves its random start-up; the grid's points and the random draws say who chose them
+    assert probe["drawn"] == ["grid point 2", "random draw 2", "random start-up 2"]
     assert probe["shared"] >= len(DAY3_TINY["OPTIMIZERS"]) + 2  # TP3.1's trainings said they shared the machine
     kept = probe["kept_optimizer"]  # saved for the race: the options of one of TP3.1-3.2's trainings
     assert kept["optimizer"] in DAY3_TINY["OPTIMIZERS"] and kept["lr"] > 0 and kept["lr_schedule"] == "cosine"
@@ -264,7 +269,8 @@ def test_day3_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_check
                                                            '["format"].unique())'))
     found = by_check(results)
     for name, todo in (("TP3.1 optimisers and schedules", "TODO TP3.1"), ("TP3.2 LR range test", "TODO TP3.2"),
-                       ("TP3.3 compilation", "TODO TP3.3"), ("TP3.5 hyper-parameter search", "TODO TP3.5")):
+                       ("TP3.3 compilation", "TODO TP3.3"), ("TP3.5 hyper-parameter search", "TODO TP3.5"),
+                       ("TP3.5 samplers side by side", "TODO TP3.5")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP3.4 storage formats"]["status"] == "passed"  # no TODO there: a measurement TP
     assert probe["profile"] == "local-slurm" and probe["read_formats"] == ["folder", "raw", "webdataset"]

@@ -62,7 +62,9 @@ SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("hyperband", "successive-halving", "none")
 VAL_FIELDS = ("val_acc", "val_acc5", "val_loss")  # what train_classifier.py logs in each epoch's "val" line
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)  # not WAITING (enqueued)
-TPE_STARTUP_TRIALS = 4  # Optuna's default, 10, would make TPE pure random search in a course-sized study
+# TPE draws at random until this many trials have finished (Optuna's default, 10, and any number at or above a
+# course-sized study's trials, would make every TPE trial a random one); drawn_by() says which trials its model chose
+TPE_STARTUP_TRIALS = 2
 STALE_S = 120.0  # a follower on another host whose heartbeat is older than this is taken for dead
 QUIET_S = 30.0  # while waiting, a progress line at least this often
 
@@ -71,6 +73,7 @@ QUIET_S = 30.0  # while waiting, a progress line at least this often
 class _StudyFile:
     journal: Path
     grid_size: int | None  # grid sampler: how many points the grid has
+    sampler: str  # "tpe", "random", "grid", or the class name of a sampler given as an object
 
 
 _opened: "weakref.WeakKeyDictionary[optuna.Study, _StudyFile]" = weakref.WeakKeyDictionary()
@@ -110,7 +113,8 @@ def open_study(name: str, *, storage_dir=None, sampler="tpe", pruner="hyperband"
     # (not for the grid, whose seed orders the grid points that the trials already hold by index)
     study.sampler = _sampler(sampler, search_space, seed if sampler == "grid" else seed + len(study.trials))
     grid_size = math.prod(len(v) for v in search_space.values()) if sampler == "grid" else None
-    _opened[study] = _StudyFile(path, grid_size)
+    named = sampler if isinstance(sampler, str) else type(sampler).__name__
+    _opened[study] = _StudyFile(path, grid_size, named)
     return study
 
 
@@ -323,12 +327,25 @@ def _new_trial(study: optuna.Study, driver: _Driver, n_trials: int, grid_size: i
     return trial
 
 
+NOTHING_DRAWN = "no suggest_* call"  # the trial asked the sampler for nothing
+
+
+def drawn_by(sampler: str, finished_before: int) -> str:
+    """Who chooses the options of a trial asked when `finished_before` trials had finished (complete or pruned):
+    TPE's model only after its random start-up (TPE_STARTUP_TRIALS), which Optuna counts in the same way."""
+    if sampler == "tpe":
+        return "TPE model" if finished_before >= TPE_STARTUP_TRIALS else "random start-up"
+    return {"grid": "grid point", "random": "random draw"}.get(sampler, sampler)
+
+
 def _submit(study, trial, make_options, base: list[str], name: str, submit_options: dict, say) -> _Followed:
+    finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))  # as TPE counts
     try:
         options = _as_options(make_options(trial))
     except Exception as error:  # the space is the student's code: fail this trial, show the error once
         _finish(study, trial, TrialState.FAIL, f"make_options raised {type(error).__name__}: {error}")
         raise
+    trial.set_user_attr("drawn_by", drawn_by(_opened[study].sampler, finished) if trial.params else NOTHING_DRAWN)
     argv = [*base, *options]
     trial.set_user_attr("argv", argv)  # before submitting: a resumed loop finds the job by its command
     try:
@@ -497,18 +514,20 @@ def _summary(study: optuna.Study, metric: str) -> str:
 # ---- what the study found ----------------------------------------------------------------------------
 
 def trials_table(study: optuna.Study):
-    """One row per trial: state, value (named after the metric), each parameter, epochs reported, job id,
-    duration and outcome (why it failed or was pruned)."""
+    """One row per trial: state, value (named after the metric), each parameter, epochs reported, who drew its
+    options (drawn_by: a grid point, a random draw, TPE's random start-up or TPE's model), job id, duration and
+    outcome (why it failed or was pruned)."""
     import pandas as pd
 
     metric = study.user_attrs.get("metric", "value")
     rows = []
     for t in study.get_trials(deepcopy=False):
         rows.append({"trial": t.number, "state": t.state.name, metric: t.value, **t.params,
-                     "epochs": len(t.intermediate_values), "job_id": t.user_attrs.get("job_id"),
+                     "epochs": len(t.intermediate_values), "drawn_by": t.user_attrs.get("drawn_by"),
+                     "job_id": t.user_attrs.get("job_id"),
                      "duration_s": round(t.duration.total_seconds(), 1) if t.duration else None,
                      "outcome": t.user_attrs.get("outcome", "")})
-    columns = ["trial", "state", metric, "epochs", "job_id", "duration_s", "outcome"]
+    columns = ["trial", "state", metric, "epochs", "drawn_by", "job_id", "duration_s", "outcome"]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(columns[:3] + [k for r in rows for k in r] + columns[3:])))
 
 

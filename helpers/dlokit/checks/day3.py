@@ -127,8 +127,50 @@ def hpo(study):
                   f"{len(distinct)} distinct option sets over {len(trials)} trials")
     pruning = part("pruning", INFO, f"{pruned} trial(s) pruned, their jobs cancelled early")
     best = study.best_trial  # the study's direction: highest accuracy, or lowest loss
-    return from_parts([search, pruning], f"{len(done)} trials completed, best {best.value:.3f} with {best.params}",
-                      details)
+    return from_parts([search, pruning, _drawn(trials)],
+                      f"{len(done)} trials completed, best {best.value:.3f} with {best.params}", details)
+
+
+def _drawn(trials):
+    """Which trials the sampler's model chose: TPE draws at random until TPE_STARTUP_TRIALS trials have finished."""
+    from dlokit.analysis.samplers import drawn_counts  # here: the other days' checks need no Optuna
+    from dlokit.hpo import TPE_STARTUP_TRIALS
+
+    counts = drawn_counts(trials)
+    text = ", ".join(f"{who} {n}" for who, n in counts.items())
+    if "random start-up" in counts and "TPE model" not in counts:
+        text += (f": TPE drew at random until {TPE_STARTUP_TRIALS} trials had finished, so its model chose none of "
+                 "these; give the study more trials to see it search")
+    return part("drawn", INFO, f"how the trials' options were chosen: {text}")
+
+
+@check("TP3.5 samplers side by side")
+def samplers(studies: dict):
+    """Each study ({sampler: study}, one space and one budget) passes TP3.5's search check, and a grid study never
+    tried one grid point twice; the best top-1s side by side, each with its interval, are reported, not judged: a
+    handful of trials cannot rank samplers."""
+    from dlokit.analysis.samplers import compare_studies
+
+    results = {name: hpo.__wrapped__(study) for name, study in studies.items()}
+    for name, result in results.items():
+        if result.status == FAILED:
+            return failed(f"study {name!r}: {result.message}", result.details)
+    parts = []
+    for name, study in studies.items():
+        points = [tuple(sorted(t.params.items())) for t in study.trials if t.params]
+        if type(study.sampler).__name__ == "GridSampler":
+            parts.append(part(f"{name} points", PASSED if len(set(points)) == len(points) else FAILED,
+                              f"{len(set(points))} distinct grid points over {len(points)} trials"))
+    table = compare_studies(studies)
+    trials = set(table["trials"])
+    parts.append(part("budget", PASSED if len(trials) == 1 else FAILED,
+                      f"{', '.join(f'{r.study} {r.trials}' for r in table.itertuples())} trials: "
+                      + ("the same budget" if len(trials) == 1 else "not the same budget: give each study n_trials")))
+    best = "; ".join(f"{r.study} {r.best_top1:.3f} [{r.top1_low:.3f}–{r.top1_high:.3f}] ({r.verdict})"
+                     for r in table.itertuples() if pd.notna(r.best_top1))
+    parts.append(part("best top-1", INFO, best or "no best trial with a validation"))
+    return from_parts(parts, f"{len(studies)} samplers on one budget, each searched",
+                      [line for name, r in results.items() for line in [f"{name}: {r.message}", *r.details]])
 
 
 @check("TP3.3 compilation")

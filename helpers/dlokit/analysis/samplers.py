@@ -1,0 +1,116 @@
+"""TP3.5's samplers side by side: studies run on one search space and one budget (trials, epochs, pruner), read
+as one table and two figures.
+
+    studies = {"grid": grid_study, "random": random_study, "tpe": tpe_study}    # dlokit.hpo.open_study each
+    samplers.compare_studies(studies)      # one row per study: budget spent, options tried, best top-1 and interval
+    samplers.history_figure(studies)       # Optuna's optimisation history, the studies overlaid
+    samplers.sampled_figure(studies)       # where each sampler looked: two options of each trial, coloured by value
+
+A best accuracy is measured on the validation images of one run: its 95 % interval (Wilson) says how far another
+draw of those images could move it. With a handful of trials on a small data set, the samplers' bests are usually
+within noise of each other; where each one looked is what differs.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pandas as pd
+from optuna.exceptions import ExperimentalWarning
+from optuna.trial import TrialState
+
+from dlokit.analysis import stats
+from dlokit.analysis.figures import message_figure, new_figure
+from dlokit.analysis.large_batch import top1_estimate
+
+HIGHEST, BELOW, WITHIN_NOISE = "highest", "below the highest beyond noise", "within noise of the highest"
+
+
+def drawn_counts(trials) -> Counter:
+    """How the trials' options were chosen (the `drawn_by` user attribute dlokit.hpo.run_study records)."""
+    return Counter(t.user_attrs.get("drawn_by") or "not recorded" for t in trials)
+
+
+def compare_studies(studies: dict) -> pd.DataFrame:
+    """One row per study: its trials (complete, pruned), the epochs they ran in all (what the budget bought), the
+    distinct option sets it tried, how they were drawn, and its best trial with that run's validation top-1 and its
+    95 % interval. `verdict`: the highest best, or each other best below it beyond noise (the intervals do not
+    overlap) or within noise of it."""
+    rows = []
+    for name, study in studies.items():
+        trials = study.get_trials(deepcopy=False)
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]
+        best = study.best_trial if complete else None
+        job = best.user_attrs.get("job_id") if best else None
+        top1 = top1_estimate(job) if job else stats.NO_ESTIMATE
+        rows.append({"study": name, "trials": len(trials), "complete": len(complete),
+                     "pruned": sum(t.state == TrialState.PRUNED for t in trials),
+                     "epochs_run": sum(len(t.intermediate_values) for t in trials),
+                     "distinct_options": len({tuple(sorted(t.params.items())) for t in trials if t.params}),
+                     "drawn_by": ", ".join(f"{who} {n}" for who, n in drawn_counts(trials).items()),
+                     "best_trial": best.number if best else None, "best_job": job,
+                     "best_top1": top1.value, "top1_low": top1.low, "top1_high": top1.high,
+                     "best_params": best.params if best else {}})
+    table = pd.DataFrame(rows)
+    table["verdict"] = _verdicts(table)
+    return table
+
+
+def _verdicts(table: pd.DataFrame) -> list[str]:
+    usable = table.dropna(subset=["best_top1", "top1_low", "top1_high"])
+    if usable.empty:
+        return ["no complete trial with a validation"] * len(table)
+    leader = usable.loc[usable["best_top1"].idxmax()]
+    said = []
+    for row in table.itertuples():
+        if pd.isna(row.best_top1):
+            said.append("no complete trial with a validation")
+        elif row.study == leader["study"]:
+            said.append(HIGHEST)
+        else:
+            said.append(BELOW if row.top1_high < leader["top1_low"] else WITHIN_NOISE)
+    return said
+
+
+def history_figure(studies: dict):
+    """Optuna's optimisation history with the studies overlaid (each trial's value, and the best so far)."""
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as optuna_plots
+
+    finished = [s for s in studies.values() if s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if not finished:
+        return message_figure("no study has a complete trial yet", title="samplers side by side")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # Optuna's matplotlib plots are all "experimental"
+        axes = optuna_plots.plot_optimization_history(finished)
+    axes.set_title("samplers side by side: each trial's value and the best so far")
+    figure = axes.figure
+    plt.close(figure)  # shown once, when the cell returns it
+    return figure
+
+
+def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
+    """Where each sampler looked: one panel per study, each trial at its two options, coloured by its value (grey:
+    pruned or failed)."""
+    figure, axes = new_figure(1, len(studies), size=(4 * len(studies), 3.4), sharex=True, sharey=True)
+    values = [t.value for s in studies.values() for t in s.get_trials(deepcopy=False) if t.value is not None]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    shown = None
+    for ax, (name, study) in zip(axes[0], studies.items()):
+        trials = [t for t in study.get_trials(deepcopy=False) if x in t.params and y in t.params]
+        done = [t for t in trials if t.state == TrialState.COMPLETE]
+        others = [t for t in trials if t.state != TrialState.COMPLETE]
+        ax.scatter([t.params[x] for t in others], [t.params[y] for t in others], c="lightgrey", marker="x",
+                   label="pruned or failed")
+        shown = ax.scatter([t.params[x] for t in done], [t.params[y] for t in done], c=[t.value for t in done],
+                           cmap="viridis", vmin=low, vmax=high + 1e-9, edgecolors="black")
+        ax.set(title=f"{name}: {len(trials)} trials", xlabel=x)
+        if not trials:
+            ax.text(0.5, 0.5, f"no trial chose {x} and {y}", transform=ax.transAxes, ha="center", fontsize=8)
+    axes[0][0].set_ylabel(y)
+    chosen = [t.params[x] for s in studies.values() for t in s.get_trials(deepcopy=False) if x in t.params]
+    if x == "lr" and chosen and min(chosen) > 0:  # learning rates are searched on a log scale
+        axes[0][0].set_xscale("log")
+    if shown is not None and values:
+        figure.colorbar(shown, ax=list(axes[0]), label="trial value (validation)")
+    return figure
