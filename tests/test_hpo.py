@@ -15,7 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 import dlokit
-from dlokit import hpo
+from dlokit import checks, hpo
 from dlokit.analysis import samplers
 from dlokit.submission import jobs
 from dlokit.in_job.runrecord import read_rank
@@ -83,10 +83,11 @@ def test_study_of_four_trials_completes(workspace, tiny_images, capsys):
     row = compared.iloc[0]
     assert (row.trials, row.complete, row.epochs_run, row.distinct_options) == (4, 4, 8, 4)
     assert row.best_job == study.best_trial.user_attrs["job_id"] and row.verdict == samplers.HIGHEST
-    assert row.top1_low <= row.best_top1 == pytest.approx(study.best_value) <= row.top1_high
-    side_by_side = dlokit.checks.samplers({"grid": study})
+    assert row.best_top1 == pytest.approx(study.best_value) and row.top1_low <= row.best_top1 <= row.top1_high
+    side_by_side = checks.samplers({"grid": study})
     assert side_by_side.status == "passed" and side_by_side.part("grid points").message.startswith("4 distinct")
-    assert samplers.history_figure({"grid": study}).axes
+    history = samplers.history_figure({"grid": study})  # Optuna's plot, its legend naming the sampler
+    assert [t.get_text() for t in history.axes[0].get_legend().get_texts()] == ["grid: trial value", "grid: best so far"]
     assert len(samplers.sampled_figure({"grid": study}, x="lr", y="label_smoothing").axes[0].collections[1]
                .get_offsets()) == 4
     assert (workspace / "runs" / "hpo" / "grid4.journal").is_file()
@@ -200,8 +201,6 @@ def test_samplers_pruners_and_the_student_space(tmp_path):
 def test_tpe_draws_at_random_until_its_start_up_trials_have_finished_and_the_check_says_so(tmp_path):
     """The label follows Optuna's own rule: TPE's model chooses only once TPE_STARTUP_TRIALS trials have finished
     (complete or pruned). A study that never got past its start-up is told so by the check, as information."""
-    from dlokit import checks
-
     startup = hpo.TPE_STARTUP_TRIALS
     assert [hpo.drawn_by("tpe", n) for n in range(startup + 1)] == ["random start-up"] * startup + ["TPE model"]
     assert hpo.drawn_by("grid", 0) == "grid point" and hpo.drawn_by("random", 9) == "random draw"
@@ -242,16 +241,16 @@ def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_gri
 
     grid = {"lr": [0.01, 0.05, 0.1, 0.2]}  # more points than trials: the grid sampler stops a study it has covered
     fair = {"grid": study_of("g", "grid", 2, grid=grid), "random": study_of("r", "random", 2)}
-    result = dlokit.checks.samplers(fair)
+    result = checks.samplers(fair)
     assert result.status == "passed" and result.part("budget").status == "passed"
     assert result.part("best top-1").message == "no best trial with a validation"  # told values, no job behind them
     table = samplers.compare_studies(fair)
     assert list(table["verdict"]) == ["no complete trial with a validation"] * 2 and list(table["complete"]) == [2, 2]
 
-    unequal = dlokit.checks.samplers({**fair, "tpe": study_of("t", "tpe", 3)})
+    unequal = checks.samplers({**fair, "tpe": study_of("t", "tpe", 3)})
     assert unequal.status == "failed" and "not the same budget" in unequal.message
     nothing_drawn = {"random": study_of("u", "random", 2, params=False)}
-    untouched = dlokit.checks.samplers(nothing_drawn)
+    untouched = checks.samplers(nothing_drawn)
     assert untouched.status == "failed" and "TODO TP3.5" in untouched.message
     samplers.sampled_figure(nothing_drawn).savefig(io.BytesIO())  # no option to place: drawn empty, no error
     again = study_of("g2", "grid", 2, grid=grid)
@@ -259,7 +258,7 @@ def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_gri
     trial = again.ask()
     trial.suggest_categorical("lr", grid["lr"])
     again.tell(trial, 0.5)
-    repeated = dlokit.checks.samplers({"grid": again})
+    repeated = checks.samplers({"grid": again})
     assert repeated.part("grid points").status == "failed", repeated
 
 

@@ -77,14 +77,24 @@ def history_figure(studies: dict):
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as optuna_plots
 
-    finished = [s for s in studies.values() if s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    finished = {name: s for name, s in studies.items()
+                if s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     if not finished:
         return message_figure("no study has a complete trial yet", title="samplers side by side")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # Optuna's matplotlib plots are all "experimental"
-        axes = optuna_plots.plot_optimization_history(finished)
+        axes = optuna_plots.plot_optimization_history(list(finished.values()))
     axes.set_title("samplers side by side: each trial's value and the best so far")
+    legend = axes.get_legend()
+    for text in legend.get_texts() if legend else []:  # "Best Value of alice-day3-grid" -> "grid: best so far"
+        label = text.get_text()
+        names = [name for name, study in finished.items() if label.endswith(f" of {study.study_name}")]
+        names = names or (list(finished) if len(finished) == 1 else [])  # one study: Optuna names none
+        if names:
+            text.set_text(f"{names[0]}: {'best so far' if label.startswith('Best') else 'trial value'}")
     figure = axes.figure
+    figure.set_size_inches(9, 4)
+    figure.tight_layout()
     plt.close(figure)  # shown once, when the cell returns it
     return figure
 
