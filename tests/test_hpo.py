@@ -88,8 +88,8 @@ def test_study_of_four_trials_completes(workspace, tiny_images, capsys):
     assert side_by_side.status == "passed" and side_by_side.part("grid points").message.startswith("4 distinct")
     history = samplers.history_figure({"grid": study})  # Optuna's plot, its legend naming the sampler
     assert [t.get_text() for t in history.axes[0].get_legend().get_texts()] == ["grid: trial value", "grid: best so far"]
-    assert len(samplers.sampled_figure({"grid": study}, x="lr", y="label_smoothing").axes[0].collections[1]
-               .get_offsets()) == 4
+    assert len(samplers.sampled_figure({"grid": study}, x="lr", y="label_smoothing").axes[0].collections[0]
+               .get_offsets()) == 4  # every trial completed: one point each, no cross for a pruned one
     assert (workspace / "runs" / "hpo" / "grid4.journal").is_file()
     figures = hpo.figures(study)
     assert set(figures) == {"history", "intermediate", "importances"}
@@ -253,6 +253,12 @@ def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_gri
     untouched = checks.samplers(nothing_drawn)
     assert untouched.status == "failed" and "TODO TP3.5" in untouched.message
     samplers.sampled_figure(nothing_drawn).savefig(io.BytesIO())  # no option to place: drawn empty, no error
+    cut = study_of("p", "random", 1)
+    trial = cut.ask()
+    trial.suggest_float("lr", 0.01, 0.2, log=True)
+    cut.tell(trial, state=TrialState.PRUNED)
+    legend = samplers.sampled_figure({"random": cut}, x="lr", y="lr").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["pruned or failed"]  # a cross, said in the panel
     again = study_of("g2", "grid", 2, grid=grid)
     again.enqueue_trial(again.trials[0].params)  # a grid point asked for a second time
     trial = again.ask()

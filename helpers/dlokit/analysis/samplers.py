@@ -42,7 +42,8 @@ def compare_studies(studies: dict) -> pd.DataFrame:
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
         best = study.best_trial if complete else None
         job = best.user_attrs.get("job_id") if best else None
-        top1 = top1_estimate(job) if job else stats.NO_ESTIMATE
+        by_accuracy = study.user_attrs.get("metric", "val_acc") == "val_acc"  # a study of the loss has no top-1 best
+        top1 = top1_estimate(job) if job and by_accuracy else stats.NO_ESTIMATE
         rows.append({"study": name, "trials": len(trials), "complete": len(complete),
                      "pruned": sum(t.state == TrialState.PRUNED for t in trials),
                      "epochs_run": sum(len(t.intermediate_values) for t in trials),
@@ -110,8 +111,10 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
         trials = [t for t in study.get_trials(deepcopy=False) if x in t.params and y in t.params]
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         others = [t for t in trials if t.state != TrialState.COMPLETE]
-        ax.scatter([t.params[x] for t in others], [t.params[y] for t in others], c="lightgrey", marker="x",
-                   label="pruned or failed")
+        if others:
+            ax.scatter([t.params[x] for t in others], [t.params[y] for t in others], c="grey", marker="x",
+                       label="pruned or failed")
+            ax.legend(fontsize=7, loc="upper right")
         shown = ax.scatter([t.params[x] for t in done], [t.params[y] for t in done], c=[t.value for t in done],
                            cmap="viridis", vmin=low, vmax=high + 1e-9, edgecolors="black")
         ax.set(title=f"{name}: {len(trials)} trials", xlabel=x)
