@@ -268,6 +268,12 @@ def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_gri
     assert repeated.part("grid points").status == "failed", repeated
 
 
+def test_no_study_is_refused_with_what_to_give():
+    for view in (samplers.compare_studies, samplers.history_figure, samplers.sampled_figure):
+        with pytest.raises(ValueError, match="name: study"):
+            view({})
+
+
 def test_best_accuracies_side_by_side_are_ranked_only_beyond_noise():
     import pandas as pd
 

@@ -330,11 +330,14 @@ def _new_trial(study: optuna.Study, driver: _Driver, n_trials: int, grid_size: i
 NOTHING_DRAWN = "no suggest_* call"  # the trial asked the sampler for nothing
 
 
+TPE_START, TPE_MODEL = "random start-up", "TPE model"
+
+
 def drawn_by(sampler: str, finished_before: int) -> str:
     """Who chooses the options of a trial asked when `finished_before` trials had finished (complete or pruned):
     TPE's model only after its random start-up (TPE_STARTUP_TRIALS), which Optuna counts in the same way."""
     if sampler == "tpe":
-        return "TPE model" if finished_before >= TPE_STARTUP_TRIALS else "random start-up"
+        return TPE_MODEL if finished_before >= TPE_STARTUP_TRIALS else TPE_START
     return {"grid": "grid point", "random": "random draw"}.get(sampler, sampler)
 
 

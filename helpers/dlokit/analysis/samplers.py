@@ -26,9 +26,20 @@ from dlokit.analysis.large_batch import top1_estimate
 HIGHEST, BELOW, WITHIN_NOISE = "highest", "below the highest beyond noise", "within noise of the highest"
 
 
+def _at_least_one(studies) -> None:
+    if not isinstance(studies, dict) or not studies:
+        raise ValueError(f"give the studies as {{name: study}}, at least one (got {studies!r}), e.g. "
+                         "{'grid': grid_study, 'random': random_study}")
+
+
 def drawn_counts(trials) -> Counter:
     """How the trials' options were chosen (the `drawn_by` user attribute dlokit.hpo.run_study records)."""
     return Counter(t.user_attrs.get("drawn_by") or "not recorded" for t in trials)
+
+
+def drawn_text(counts: Counter) -> str:
+    """'random start-up 3, TPE model 1'"""
+    return ", ".join(f"{who} {n}" for who, n in counts.items())
 
 
 def compare_studies(studies: dict) -> pd.DataFrame:
@@ -36,6 +47,7 @@ def compare_studies(studies: dict) -> pd.DataFrame:
     distinct option sets it tried, how they were drawn, and its best trial with that run's validation top-1 and its
     95 % interval. `verdict`: the highest best, or each other best below it beyond noise (the intervals do not
     overlap) or within noise of it."""
+    _at_least_one(studies)
     rows = []
     for name, study in studies.items():
         trials = study.get_trials(deepcopy=False)
@@ -48,7 +60,7 @@ def compare_studies(studies: dict) -> pd.DataFrame:
                      "pruned": sum(t.state == TrialState.PRUNED for t in trials),
                      "epochs_run": sum(len(t.intermediate_values) for t in trials),
                      "distinct_options": len({tuple(sorted(t.params.items())) for t in trials if t.params}),
-                     "drawn_by": ", ".join(f"{who} {n}" for who, n in drawn_counts(trials).items()),
+                     "drawn_by": drawn_text(drawn_counts(trials)),
                      "best_trial": best.number if best else None, "best_job": job,
                      "best_top1": top1.value, "top1_low": top1.low, "top1_high": top1.high,
                      "best_params": best.params if best else {}})
@@ -78,6 +90,7 @@ def history_figure(studies: dict):
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as optuna_plots
 
+    _at_least_one(studies)
     finished = {name: s for name, s in studies.items()
                 if s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     if not finished:
@@ -103,12 +116,14 @@ def history_figure(studies: dict):
 def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
     """Where each sampler looked: one panel per study, each trial at its two options, coloured by its value (grey:
     pruned or failed)."""
+    _at_least_one(studies)
     figure, axes = new_figure(1, len(studies), size=(4 * len(studies), 3.4), sharex=True, sharey=True)
-    values = [t.value for s in studies.values() for t in s.get_trials(deepcopy=False) if t.value is not None]
+    trials_of = {name: study.get_trials(deepcopy=False) for name, study in studies.items()}
+    values = [t.value for trials in trials_of.values() for t in trials if t.value is not None]
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     shown = None
-    for ax, (name, study) in zip(axes[0], studies.items()):
-        trials = [t for t in study.get_trials(deepcopy=False) if x in t.params and y in t.params]
+    for ax, (name, all_trials) in zip(axes[0], trials_of.items()):
+        trials = [t for t in all_trials if x in t.params and y in t.params]
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         others = [t for t in trials if t.state != TrialState.COMPLETE]
         if others:
@@ -121,7 +136,7 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
         if not trials:
             ax.text(0.5, 0.5, f"no trial chose {x} and {y}", transform=ax.transAxes, ha="center", fontsize=8)
     axes[0][0].set_ylabel(y)
-    chosen = [t.params[x] for s in studies.values() for t in s.get_trials(deepcopy=False) if x in t.params]
+    chosen = [t.params[x] for trials in trials_of.values() for t in trials if x in t.params]
     if x == "lr" and chosen and min(chosen) > 0:  # learning rates are searched on a log scale
         axes[0][0].set_xscale("log")
     if shown is not None and values:

@@ -133,12 +133,12 @@ def hpo(study):
 
 def _drawn(trials):
     """Which trials the sampler's model chose: TPE draws at random until TPE_STARTUP_TRIALS trials have finished."""
-    from dlokit.analysis.samplers import drawn_counts  # here: the other days' checks need no Optuna
-    from dlokit.hpo import TPE_STARTUP_TRIALS
+    from dlokit.analysis.samplers import drawn_counts, drawn_text  # here: the other days' checks need no Optuna
+    from dlokit.hpo import TPE_MODEL, TPE_START, TPE_STARTUP_TRIALS
 
     counts = drawn_counts(trials)
-    text = ", ".join(f"{who} {n}" for who, n in counts.items())
-    if "random start-up" in counts and "TPE model" not in counts:
+    text = drawn_text(counts)
+    if TPE_START in counts and TPE_MODEL not in counts:
         text += (f": TPE drew at random until {TPE_STARTUP_TRIALS} trials had finished, so its model chose none of "
                  "these; give the study more trials to see it search")
     return part("drawn", INFO, f"how the trials' options were chosen: {text}")
