@@ -311,3 +311,33 @@ def test_bench_status_comes_from_every_rank(tmp_path):
     lost = tmp_path / "lost"
     _write_summary(lost, 0, status="completed")
     assert bench.read_run(lost, 2, returncode=1)["status"].startswith("failed rc=1 (no record from rank 1")
+
+
+def _losses(runs_dir, run_id, losses, dtype, mode="fsdp", world_size=2):
+    from dlokit.in_job.runrecord import RunRecorder
+
+    with RunRecorder({"mode": mode, "dtype": dtype}, world_size=world_size, run_id=run_id, runs_dir=runs_dir) as rec:
+        for step, loss in enumerate(losses, 1):
+            rec.log("step", step=step, loss=loss)
+    return run_id
+
+
+def test_loss_match_judges_a_pair_at_the_tolerance_of_its_coarser_precision(tmp_path):
+    """bf16's rounding depends on the layout: correct bf16 layouts left one process by up to 1.3e-3 (fp32: 1e-6), the
+    untouched TODOs by 1.7e-2 or more (loss_match.TOLERANCES). A bf16 pair 2e-3 apart matches; an fp32 pair as far
+    apart does not; a run 2e-2 away fails in either."""
+    from dlokit.analysis.loss_match import loss_match_table, loss_overlay
+
+    base = [5.5364, 5.3853, 5.1603]
+    for dtype in ("fp32", "bf16"):
+        _losses(tmp_path, f"single-{dtype}", base, dtype, mode="single", world_size=1)
+        _losses(tmp_path, f"close-{dtype}", [x + 2e-3 for x in base], dtype)
+        _losses(tmp_path, f"wrong-{dtype}", [x + 2e-2 for x in base], dtype)
+    bf16 = loss_match_table(["close-bf16", "wrong-bf16"], "single-bf16", runs_dir=tmp_path)
+    assert bf16["matched"].tolist() == [True, False] and bf16.attrs["dtype"] == "bf16"
+    fp32 = loss_match_table(["close-fp32", "wrong-fp32"], "single-fp32", runs_dir=tmp_path)
+    assert fp32["matched"].tolist() == [False, False] and fp32.attrs["tolerance"] == 1e-3
+    mixed = loss_match_table(["close-bf16"], "single-fp32", runs_dir=tmp_path)  # the coarser precision's tolerance
+    assert mixed.attrs["dtype"] == "bf16" and mixed["matched"].tolist() == [True]
+    figure = loss_overlay(["close-bf16"], "single-bf16", runs_dir=tmp_path)
+    assert figure.axes[1].get_legend().get_texts()[0].get_text() == "tolerance 0.005 (bf16)"

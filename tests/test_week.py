@@ -187,3 +187,34 @@ def test_the_repeatability_bench_tabulates_what_each_day_chose(week_so_far):
     assert found["week | choice: batch_size"] == "64" and found["week | choice: amp"] == "bf16"
     assert found["week | choice: channels_last"] == "true" and found["week | choice: loader"] == json.dumps(TUNED)
     assert "week | choice: optimizer" not in found  # Day 3 has not run: nothing to show
+
+
+def llm_args(command: str):
+    """train_llm.py's own parser reads Day 4's command line."""
+    from tp_imports import common
+
+    return common("llm_options", llm=True).parse_args(shlex.split(command)[1:])
+
+
+def llm_day(nickname="ann"):
+    return dlokit.setup_llm_day(nickname, "local", str(SOLUTIONS), carry_from=[1], verbose=False)
+
+
+def test_day4_computes_in_the_precision_day1_kept(week_so_far):
+    fourth = llm_day()
+    assert (llm_args(fourth.command("fsdp")).dtype, llm_args(fourth.command("fsdp")).tf32) == ("bf16", False)
+    assert "from Day 1: bf16" in fourth.describe() and "on train_llm.py: --dtype bf16" in fourth.describe()
+    argv = shlex.split(fourth.command("ddp", "--dtype", "fp32"))  # a TP's own precision wins
+    assert argv.count("--dtype") == 1 and llm_args(shlex.join(argv)).dtype == "fp32"
+    assert "--dtype" not in fourth.command(None, script="check_tp.py")  # the checkers take no training options
+
+    fourth.remember(amp="fp16", tf32=True)  # train_llm.py has no fp16: fp32, with Day 1's TF32
+    args = llm_args(fourth.command("fsdp"))
+    assert (args.dtype, args.tf32) == ("fp32", True)
+    assert "on train_llm.py: fp32, its default, --tf32 (it has no fp16)" in fourth.describe()
+
+
+def test_day4_without_day1_says_so_and_computes_in_fp32(workspace):
+    fourth = llm_day("bob")
+    assert "from Day 1: nothing saved yet" in fourth.describe() and "on train_llm.py" not in fourth.describe()
+    assert llm_args(fourth.command("fsdp")).dtype == "fp32"

@@ -3,6 +3,8 @@ where FSDP fits (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from sc
 (TP4.5), loss match (TP4.6)."""
 from __future__ import annotations
 
+import pandas as pd
+
 from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
 from .records import ids, load, load_last
 
@@ -86,7 +88,7 @@ def fsdp_sharding(fsdp_id, single_id):
     row = table.iloc[0]
     gap = "no step in common" if row.max_abs_dloss is None else f"max |Δ| {row.max_abs_dloss:.3g}"
     details.append(f"loss against the single process: {gap} over {row.steps_compared} steps "
-                   f"(tolerance {table.attrs['tolerance']})")
+                   f"(tolerance {table.attrs['tolerance']:g} for {table.attrs['dtype']})")
     why = "" if sharded else f": without sharding nothing averages the ranks' gradients — {FSDP_TODO}"
     same = part("loss", PASSED if row.matched else FAILED,
                 f"the loss follows the single process's over {row.steps_compared} steps" if row.matched else
@@ -208,9 +210,11 @@ def loss_match(job_ids, reference):
     if problem:
         return problem
     table = loss_match_table(runs[:-1], runs[-1])
-    details = [f"{r.mode} ({r.world_size} ranks): max |Δloss| {r.max_abs_dloss}" for r in table.itertuples()]
+    details = [f"{r.mode} ({r.world_size} ranks): max |Δloss| "
+               + ("none (no step in common)" if pd.isna(r.max_abs_dloss) else f"{r.max_abs_dloss:.3g}")
+               for r in table.itertuples()]
     wrong = table[~table["matched"]]
+    tolerance = f"{table.attrs['tolerance']:g} for {table.attrs['dtype']}"
     if len(wrong):
-        return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance "
-                      f"{table.attrs['tolerance']})", details)
-    return passed(f"{len(table)} parallel runs match the single process within {table.attrs['tolerance']}", details)
+        return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance {tolerance})", details)
+    return passed(f"{len(table)} parallel runs match the single process within {tolerance}", details)

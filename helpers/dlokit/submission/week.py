@@ -11,6 +11,7 @@ starts from those options. A TP's own options win where they name the same optio
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,6 +62,29 @@ CHOICES = (
 )
 DEFAULTS = {1: "fp32, NCHW and the day's batch", 2: "no DataLoader workers",  # the script's, when nothing is saved
             3: "SGD at its default learning rate"}
+
+
+# Day 4's train_llm.py computes in fp32 or bf16 (--dtype) and takes --tf32: Day 1's precision in its words.
+# Day 1's fp16 has no counterpart there (no loss scaling in that script): it runs fp32.
+LLM_PRECISION = {"bf16": ["--dtype", "bf16"]}
+
+
+def llm_carried_options(notes: dict, days) -> list[str]:
+    """train_llm.py's options that repeat Day 1's precision (its batch and memory layout are the images')."""
+    if 1 not in days:
+        return []
+    return LLM_PRECISION.get(notes.get("amp"), []) + (["--tf32"] if notes.get("tf32") else [])
+
+
+def llm_describe(notes: dict, days) -> list[str]:
+    """What Day 1's precision becomes on train_llm.py, under describe()'s lines."""
+    if 1 not in days or "amp" not in notes:
+        return []
+    precision = LLM_PRECISION.get(notes["amp"])
+    said = shlex.join(precision) if precision else "fp32, its default"
+    said += ", --tf32" if notes.get("tf32") else ""
+    said += " (it has no fp16)" if notes["amp"] == "fp16" else ""
+    return [f"  on train_llm.py: {said}"]
 
 
 def option_groups(argv) -> list[tuple[str, list[str]]]:
