@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Run course notebooks on a lent GPU machine (its own python3 and torch; the kit's other packages as wheels),
+# each under its own time limit, and bring back the executed notebooks, their plots and every check's line.
+#
+#   bash bench/gpu_course.sh OUT 420:notebooks/day1_single_gpu.ipynb 240:notebooks/day4_large_models.ipynb
+#
+# OUT gets course.tgz (executed notebooks, plots, the runs' records) and verdicts.txt (each notebook's check lines
+# and errors, also printed last). Wheels: .whl/ at the top of the repository (docs/benchmarks.md says how they were
+# made); without them the machine's own packages must do.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1; shift
+if [ -d .whl ] && [ ! -d /tmp/site/submitit ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+fi
+export PYTHONPATH=/tmp/site:$PWD/helpers PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv,noheader
+python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cores", __import__("os").cpu_count())'
+for item in "$@"; do
+    limit=${item%%:*} notebook=${item#*:}
+    start=$SECONDS
+    timeout --kill-after=10 "$limit" python3 -m dlokit.course --out output "$notebook"
+    echo "$notebook: exit $? after $((SECONDS - start)) s (limit $limit s)"
+    pkill -9 -f 'ipykernel_launcher|submitit|tp_scripts/' 2>/dev/null  # what a stopped notebook left running
+done 2>&1 | tee "$out/course.log"
+python3 - output > "$out/verdicts.txt" <<'EOF'
+import json, sys
+from pathlib import Path
+for path in sorted(Path(sys.argv[1]).glob("*.ipynb")):
+    print(f"== {path.name}")
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", [])) or "".join(output.get("data", {}).get("text/plain", []))
+            if output.get("output_type") == "error":
+                text = f"ERROR {output['ename']}: {output['evalue']}"
+            for line in text.splitlines():
+                if any(mark in line for mark in ("✅", "❌", "➖", "ERROR", "from Day", "on train_llm")):
+                    print(f"[{index}] {line[:300]}")
+EOF
+tar czf "$out/course.tgz" output notebooks/runs 2>/dev/null
+cat "$out/verdicts.txt"
