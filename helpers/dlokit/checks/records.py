@@ -154,7 +154,9 @@ def compare_text(label, run, base, key, unit) -> str:
         return f"{label}: not measured"
     estimate = stats.ratio(base, run, key) if key in STEP_METRICS else stats.NO_ESTIMATE
     factor = estimate.text() if estimate.usable else f"×{value / reference:.2f}"
-    return f"{label}: {value:.4g} {unit} vs {reference:.4g} {unit} ({factor})"
+    # from the steps: the median step after the warm-up, which the verdicts divide (runs_table shows the script's mean)
+    which = " (median step)" if key in STEP_METRICS and value != number(run, key) else ""
+    return f"{label}{which}: {value:.4g} {unit} vs {reference:.4g} {unit} ({factor})"
 
 
 def factor_words(factor, what, higher_is_better=True) -> str:
