@@ -278,6 +278,9 @@ def test_fastest_shown_keeps_the_largest_gain_that_agrees_and_says_why_in_the_ve
         "bf16", "its gain over fp32 is the largest this machine showed")  # fp16's larger ratio is within noise
     assert analysis.fastest_shown({"fp16": judged(1.9, 0.8, 3.0)}, default="fp32") == (
         "fp32", "fp16 showed no gain over fp32 beyond noise here (×1.90 [0.80–3.00])")
+    # one candidate: "the largest" would compare it with nothing (Day 2's loader read so on an H100)
+    assert analysis.fastest_shown({"bf16": judged(1.5, 1.2, 1.8)}, default="fp32") == (
+        "bf16", "this machine showed its gain over fp32: ×1.50 [1.20–1.80]")
     kept, why = analysis.fastest_shown({"tf32": judged(1.0, 0.8, 1.2), "bf16": judged(0.5, 0.4, 0.6)}, default="fp32")
     assert kept == "fp32" and why == ("tf32 showed no gain over fp32 beyond noise here (×1.00 [0.80–1.20]); "
                                       "bf16 was slower than fp32 here (×0.50 [0.40–0.60])")

@@ -145,6 +145,8 @@ def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
     shown = {arm: v.estimate.value for arm, v in verdicts.items() if v.outcome == stats.AGREES}
     if shown:
         best = max(shown, key=shown.get)
+        if len(verdicts) == 1:
+            return best, f"this machine showed its gain over {default}: {verdicts[best].estimate.text()}"
         return best, f"its gain over {default} is the largest this machine showed"
     return default, "; ".join(_not_kept(arm, v, default) for arm, v in verdicts.items())
 
