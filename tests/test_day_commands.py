@@ -26,3 +26,17 @@ def test_a_script_a_tp_runs_is_found_beside_the_students_scripts_or_one_folder_u
         day = dlokit.setup_day("ann", "local", str(scripts), data="synthetic", verbose=False)
         argv = shlex.split(day.command("--data", "/d", "--workers", "0,1", script="read_bench.py"))
         assert argv == [str(REPO / "tp_scripts" / "read_bench.py"), "--data", "/d", "--workers", "0,1"]
+
+
+def test_day4_on_a_node_of_one_device_says_what_to_do_before_any_job(workspace, monkeypatch):
+    """A laptop with one GPU: every Day 4 layout needs 2 ranks, and a world of 1 would fail every job."""
+    import pytest
+
+    (workspace / "profiles.toml").write_text('[one-gpu]\nextends = "local"\ngpus_per_node = 1\n\n'
+                                             '[two-gpus]\nextends = "local"\ngpus_per_node = 2\n')
+    monkeypatch.setenv("DLOKIT_PROFILES", str(workspace / "profiles.toml"))
+    two = dlokit.setup_llm_day("ann", "two-gpus", str(REPO / "tp_scripts" / "solutions"), verbose=False)
+    assert two.parallel_ranks(2) == 2 and two.parallel_ranks(8) == 2
+    one = dlokit.setup_llm_day("ann", "one-gpu", str(REPO / "tp_scripts" / "solutions"), verbose=False)
+    with pytest.raises(RuntimeError, match=r"need 2 devices per job.*offers 1.*CUDA_VISIBLE_DEVICES= \(empty\)"):
+        one.parallel_ranks(2)

@@ -220,6 +220,18 @@ class LlmDay(Day):
     def carried(self) -> list[str]:
         return week.llm_carried_options(self.recall(), self.carry_from)
 
+    def parallel_ranks(self, wanted: int) -> int:
+        """The ranks of every parallel job: `wanted`, or fewer where one node of the profile has fewer devices.
+        Every layout of the day needs two: with one device, say so (and what to do) before a job is submitted."""
+        ranks = min(wanted, self.profile.node_gpus())
+        if ranks < 2:
+            raise RuntimeError(
+                f"Day 4's parallel layouts need 2 devices per job, and one node of profile {self.profile.name!r} "
+                f"offers {self.profile.node_gpus()}. Choose a profile whose nodes have 2 GPUs or more, or, on a "
+                "machine with one GPU, start Jupyter with CUDA_VISIBLE_DEVICES= (empty): the jobs then run as CPU "
+                "processes with gloo, as on a laptop without a GPU")
+        return ranks
+
     def carried_lines(self) -> list[str]:
         return [*week.describe(self.recall(), self.carry_from), *week.llm_describe(self.recall(), self.carry_from)]
 
