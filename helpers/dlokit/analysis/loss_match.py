@@ -25,7 +25,6 @@ from dlokit.analysis.run import load_run, load_runs
 # at most 1e-6 in fp32 and 1.3e-3 in bf16 (FSDP2 and ring attention the most), the untouched TODOs of TP4.2, TP4.4
 # and TP4.5 by 1.7e-2 or more in either dtype; each tolerance sits between the two.
 TOLERANCES = {"fp32": 1e-3, "bf16": 5e-3}
-TOLERANCE = TOLERANCES["fp32"]
 
 
 def coarsest_dtype(*runs) -> str:
