@@ -55,6 +55,11 @@ def kit_calls(notebook: Path):
                 yield ast.unparse(node.func), function, node
 
 
+def bind(function, call: ast.Call):
+    """Bind the call's arguments (as AST nodes) to the function's parameters; TypeError when they do not fit."""
+    return inspect.signature(function).bind(*call.args, **{k.arg: k.value for k in call.keywords})
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
 def test_each_kit_call_binds_to_its_signature(notebook):
     checked, wrong = 0, []
@@ -62,7 +67,7 @@ def test_each_kit_call_binds_to_its_signature(notebook):
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             continue  # *args / **options: the count is known only when the cell runs
         try:
-            inspect.signature(function).bind(*call.args, **{k.arg: k.value for k in call.keywords})
+            bind(function, call)
         except TypeError as error:
             wrong.append(f"line {call.lineno} of a cell: {name}(...): {error}")
         checked += 1
@@ -76,4 +81,4 @@ def test_a_call_with_an_argument_missing_is_caught(tmp_path):
     notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [cell]}]}))
     (name, function, call), = kit_calls(notebook)
     with pytest.raises(TypeError, match="what"):
-        inspect.signature(function).bind(*call.args, **{k.arg: k.value for k in call.keywords})
+        bind(function, call)

@@ -86,7 +86,7 @@ def fsdp_sharding(fsdp_id, single_id):
                  + ("" if sharded else f" — every rank keeps the whole model: {FSDP_TODO}"))
     table = loss_match_table([fsdp], single)
     row = table.iloc[0]
-    gap = "no step in common" if row.max_abs_dloss is None else f"max |Δ| {row.max_abs_dloss:.3g}"
+    gap = "no step in common" if pd.isna(row.max_abs_dloss) else f"max |Δ| {row.max_abs_dloss:.3g}"
     details.append(f"loss against the single process: {gap} over {row.steps_compared} steps "
                    f"(tolerance {table.attrs['tolerance']:g} for {table.attrs['dtype']})")
     why = "" if sharded else f": without sharding nothing averages the ranks' gradients — {FSDP_TODO}"

@@ -80,9 +80,8 @@ def llm_describe(notes: dict, days) -> list[str]:
     """What Day 1's precision becomes on train_llm.py, under describe()'s lines."""
     if 1 not in days or "amp" not in notes:
         return []
-    precision = LLM_PRECISION.get(notes["amp"])
-    said = shlex.join(precision) if precision else "fp32, its default"
-    said += ", --tf32" if notes.get("tf32") else ""
+    options = llm_carried_options(notes, days)
+    said = shlex.join(options) if "--dtype" in options else ", ".join(["fp32, its default", *options])
     said += " (it has no fp16)" if notes["amp"] == "fp16" else ""
     return [f"  on train_llm.py: {said}"]
 
