@@ -18,15 +18,8 @@ import submitit
 from submitit.core.utils import FailedJobError
 from submitit.helpers import CommandFunction, TorchDistributedEnvironment
 
-from . import jobenv, rank
+from . import jobenv, rank, warm_start
 
-
-# Run before the script on the local backend when the job has a memory limit: set this task's
-# RLIMIT_DATA (writable private memory: the heap, not the address space, so CUDA's reservations do
-# not count), then exec the script itself in the same process.
-_EXEC_WITH_RLIMIT = ("import os,sys,resource as r;n=int(sys.argv[1]);h=r.getrlimit(r.RLIMIT_DATA)[1];"
-                     "r.setrlimit(r.RLIMIT_DATA,(n if h==r.RLIM_INFINITY else min(n,h),h));"
-                     "os.execvp(sys.argv[2],sys.argv[2:])")
 
 
 class ScriptTask:
@@ -48,8 +41,8 @@ class ScriptTask:
             env["OMP_NUM_THREADS"] = str(cpus)
         command = [self.python, "-u", *self.argv]
         limit_mb = _memory_limit_mb(job, env)
-        if limit_mb:
-            command = [self.python, "-c", _EXEC_WITH_RLIMIT, str(limit_mb * 1024 ** 2), *command]
+        if env.get("SUBMITIT_EXECUTOR") == "local":  # the script under its memory limit, forked warm if it can be
+            command = warm_start.command(self.python, self.argv, limit_mb * 1024 ** 2, str(_warm_usage_path(job)))
         stopped: list[int] = []
 
         def on_stop(signum, _frame):  # cancelled: tell the script (its RunRecorder records it), end quietly
@@ -109,11 +102,19 @@ def _write_usage(job, limit_mb: int, returncode: int, stopped: list) -> None:
     """`<job>_<task>_usage.json` beside the logs: the script's peak memory and how it ended (job_outcome reads it)."""
     try:
         peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        warm = _warm_usage_path(job)
+        if warm.exists():  # the script was forked by the warm-start server, which measured it
+            peak_kb = max(peak_kb, json.loads(warm.read_text())["peak_rss_kb"])
+            warm.unlink()
         path = Path(job.paths.folder) / f"{job.job_id}_{job.global_rank}_usage.json"
         path.write_text(json.dumps({"peak_rss_mb": round(peak_kb / 1024, 1), "mem_limit_mb": limit_mb or None,
                                     "returncode": returncode, "cancelled": bool(stopped)}))
     except OSError:
         pass
+
+
+def _warm_usage_path(job) -> Path:
+    return Path(job.paths.folder) / f"{job.job_id}_{job.global_rank}_warm_usage.json"
 
 
 def _pin_to_own_cores(env: dict) -> int | None:

@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import psutil
 
+from dlokit.in_job import warm_start
+
 SLACK = 1.10
 
 
 def scripts_of(controller: int) -> list[psutil.Process]:
-    """The scripts the job's tasks run, and all their descendants (not the kit's own controller and tasks)."""
+    """The scripts the job's tasks run, and all their descendants (not the kit's own controller and tasks). A script
+    forked warm (dlokit.in_job.warm_start) stands in the place of its client."""
     try:
         tasks = psutil.Process(controller).children()
-        return [p for task in tasks for p in task.children(recursive=True)]
+        found = [p for task in tasks for p in task.children(recursive=True)]
     except psutil.Error:
         return []
+    scripts = []
+    for process in found:
+        script = warm_start.adopted(process.pid)
+        try:
+            scripts += [script, *script.children(recursive=True)] if script else [process]
+        except psutil.Error:
+            continue
+    return scripts
 
 
 def _total(processes: list[psutil.Process], measure) -> float:
