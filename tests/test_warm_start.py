@@ -126,3 +126,34 @@ def test_the_server_key_follows_what_torch_reads_as_it_imports():
                                                   "TORCHINDUCTOR_CACHE_DIR": "/c"}) == key
     assert warm_start.server_key(sys.executable, {**base, "TORCH_LOGS": "dynamo"}) != key
     assert warm_start.server_key(sys.executable, {**base, "PYTHONPATH": "/b"}) != key
+
+
+FORKSERVER = """
+import multiprocessing, os, sys
+import psutil
+from dlokit.in_job import warm_start
+
+def where():
+    return [p.pid for p in psutil.Process().parents()][:2]
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch"])
+    from multiprocessing import forkserver
+    with warm_start.forkserver_from_server():
+        forkserver.ensure_running()
+    with context.Pool(1) as pool:
+        print(pool.apply(where), os.getpid(), flush=True)
+"""
+
+
+def test_a_ranks_forkserver_is_forked_by_the_server_and_its_workers_run(warm):
+    (warm / "scripts" / "forkserver.py").write_text(FORKSERVER)
+    ran(client(warm, 0))  # the server is up
+    command = warm_start.command(sys.executable, ["../scripts/forkserver.py"])
+    out = subprocess.run(command, cwd=warm / "work", env={**os.environ, "SUBMITIT_EXECUTOR": "local"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    parents, rank = out.stdout.split("]")
+    forkserver, above = json.loads(parents + "]")
+    assert above == server_pid(warm) and int(rank) != forkserver  # the worker's forkserver came from the server

@@ -142,7 +142,8 @@ def worker_start(world_size: int, num_workers: int) -> dict:
     forever. It hung Day 2's 2-rank training at its first validation, right after the epoch's all-reduce
     (2026-11-25; the stuck worker's stack: os.fork -> PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept).
     A forkserver forks the workers from a process of its own, which has no such thread. It starts once per rank and
-    imports torch and torchvision (a few seconds of one core, while the rank builds its model); each worker then
+    imports torch and torchvision (a few seconds of one core, while the rank builds its model; on the local backend it
+    is forked from the kit's warm-start server, where they are imported already: dlokit.in_job.warm_start); each worker then
     imports this script's small data modules itself (CPython 3.11's forkserver does not take the rank's sys.path).
     It ignores SIGUSR1/SIGUSR2, as its workers do: Slurm's `--signal` warning goes to every process of the step, and
     only the rank acts on it (--checkpoint-on-signal); a worker killed by it would fail the epoch."""
@@ -152,13 +153,16 @@ def worker_start(world_size: int, num_workers: int) -> dict:
     import signal
     from multiprocessing import forkserver
 
+    from dlokit.in_job import warm_start
+
     context = multiprocessing.get_context("forkserver")
     # Never the job's __main__ (the default): a script without a __name__ guard would run again in the server.
     context.set_forkserver_preload(["torch", "torchvision"])
     warnings = (signal.SIGUSR1, signal.SIGUSR2)
     kept = {signum: signal.signal(signum, signal.SIG_IGN) for signum in warnings}  # an ignored signal stays so in exec
     try:
-        forkserver.ensure_running()  # started now, while the rank builds its model
+        with warm_start.forkserver_from_server():  # on the local backend, forked from a process with torch imported
+            forkserver.ensure_running()  # started now, while the rank builds its model
     finally:
         for signum, handler in kept.items():
             signal.signal(signum, handler)

@@ -22,6 +22,7 @@ Standard library only: the client runs before anything else is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -37,6 +38,7 @@ import time
 SWITCH = "DLOKIT_WARM_START"  # "0": every script starts cold
 PRELOAD = ("torch", "torchvision", "numpy", "PIL.Image")
 MEMORY_SHARE = 4  # a memory limit under 4x the server's own data (~0.85 GB, torch imported) starts cold
+MAX_FDS = 16  # stdin, stdout, stderr and what a script is passed (a forkserver: 2)
 IDLE_S = 300  # a server with nothing to do for this long ends
 READY_S = 120  # how long a client waits for a server that is importing torch
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -95,6 +97,23 @@ def adopted(pid: int):
         return process if abs(process.create_time() - float(started)) < 1 else None
     except (OSError, ValueError, psutil.Error):
         return None
+
+
+def descendants(process) -> list:
+    """A process's descendants (psutil), each warm client replaced by the script it stands in for and that
+    script's own descendants: what a cold start would have made the process's tree."""
+    import psutil
+
+    found = []
+    try:
+        children = process.children()
+    except psutil.Error:
+        return found
+    for child in children:
+        script = adopted(child.pid)
+        found.append(script or child)
+        found += descendants(script or child)
+    return found
 
 
 # ---- messages: a length, then JSON
@@ -175,8 +194,9 @@ def _server(key: str) -> socket.socket | None:
 
 
 def client(argv: list[str]) -> None:
-    mem_bytes, usage, script_argv = _client_options(argv)
-    if not script_argv or script_argv[0].startswith("-") or not allowed(os.environ):
+    mem_bytes, usage, pass_fds, script_argv = _client_options(argv)
+    runnable = script_argv[:1] == ["-c"] and len(script_argv) > 1 or script_argv[:1] and script_argv[0][:1] != "-"
+    if not runnable or not allowed(os.environ):
         _cold(script_argv, mem_bytes)
     try:
         key = server_key(sys.executable, os.environ)
@@ -189,7 +209,7 @@ def client(argv: list[str]) -> None:
         sock = None
     if sock is None:
         _cold(script_argv, mem_bytes)
-    request = {"argv": script_argv, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
+    request = {"argv": script_argv, "fds": pass_fds, "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                "cpus": sorted(os.sched_getaffinity(0)), "mem_bytes": mem_bytes,
                "ignored": [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]}
     pending: list[int] = []
@@ -208,7 +228,7 @@ def client(argv: list[str]) -> None:
         if signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, forward)
     try:
-        _send(sock, request, [0, 1, 2])
+        _send(sock, request, [0, 1, 2, *pass_fds])
         reply, _ = _receive(sock)
     except OSError:
         reply = None
@@ -226,15 +246,22 @@ def client(argv: list[str]) -> None:
     _end_as(ended, note, usage)
 
 
-def _client_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
-    mem_bytes, usage = 0, None
+def _client_options(argv: list[str]) -> tuple[int, str | None, list[int], list[str]]:
+    mem_bytes, usage, pass_fds = 0, None, []
     while argv and argv[0] != "--":
         option, value, argv = argv[0], argv[1], argv[2:]
         if option == "--mem-bytes":
             mem_bytes = int(value)
         elif option == "--usage":
             usage = value
-    return mem_bytes, usage, argv[1:]
+        elif option == "--pass-fds":
+            pass_fds = [int(fd) for fd in value.split(",") if fd]
+    if not mem_bytes:  # a limit this process has (a rank's, for its forkserver) holds for the script too
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        mem_bytes = 0 if soft == resource.RLIM_INFINITY else soft
+    return mem_bytes, usage, pass_fds, argv[1:]
 
 
 def _end_as(ended: dict | None, note: str, usage: str | None) -> None:
@@ -398,10 +425,10 @@ def _accept(conn: socket.socket) -> tuple[dict | None, list[int], int]:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", creds)
     try:
-        request, fds = _receive(conn, with_fds=3)
+        request, fds = _receive(conn, with_fds=MAX_FDS)
     except (OSError, ValueError):
         return None, [], pid
-    if uid != os.getuid() or request is None or len(fds) != 3:
+    if uid != os.getuid() or request is None or len(fds) != 3 + len(request.get("fds", ())):
         for fd in fds:
             os.close(fd)
         return None, [], pid
@@ -425,11 +452,7 @@ def run_script(request: dict, fds: list[int], conn: socket.socket):
     import threading
 
     os.setpgid(0, 0)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
+    conn = _place_fds(fds, [0, 1, 2, *request.get("fds", ())], conn)
     os.chdir(request["cwd"])
     os.umask(request["umask"])
     os.environ.clear()
@@ -459,15 +482,16 @@ def run_script(request: dict, fds: list[int], conn: socket.socket):
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace")
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
     script = request["argv"][0]
-    path = os.path.join(os.getcwd(), script)  # joined, not normalised, as the interpreter does
-    sys.argv = list(request["argv"])
+    code = request["argv"][1] if script == "-c" else None
+    path = "<string>" if code else os.path.join(os.getcwd(), script)  # joined, not normalised, as Python does
+    sys.argv = ["-c", *request["argv"][2:]] if code else list(request["argv"])
     python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(os.path.realpath(script)), *python_path,
+    sys.path[:] = ["" if code else os.path.dirname(os.path.realpath(script)), *python_path,
                    *[p for p in sys.path[1:] if p not in python_path]]
     if "multiprocessing.process" in sys.modules:  # where relative paths of a spawned process start from
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     try:
-        _run_as_main(path)
+        _run_as_main(path, code)
         code = 0
     except SystemExit as stop:
         code = _exit_code(stop.code)
@@ -477,21 +501,40 @@ def run_script(request: dict, fds: list[int], conn: socket.socket):
     _leave(code)
 
 
-def _run_as_main(path: str) -> None:
-    """The script as the interpreter runs `python path`: a fresh __main__ whose __file__ is absolute (Python 3.9+);
-    sys.argv[0] stays as it was given."""
+def _run_as_main(path: str, code: str | None) -> None:
+    """The script as the interpreter runs `python path` (a fresh __main__ whose __file__ is absolute, as in Python
+    3.9+; sys.argv[0] stays as it was given), or `python -c code`."""
     import importlib.machinery
     import io
     import types
 
     main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     main.__builtins__ = __builtins__
+    if code is None:
+        main.__file__ = path
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+        with io.open_code(path) as source:
+            code = source.read()
     sys.modules["__main__"] = main
-    with io.open_code(path) as source:
-        code = compile(source.read(), path, "exec")
-    exec(code, main.__dict__)
+    exec(compile(code, path, "exec"), main.__dict__)
+
+
+def _place_fds(received: list[int], targets: list[int], conn: socket.socket) -> socket.socket:
+    """Each received descriptor under its target number (0, 1, 2, then the passed ones); the connection to the
+    client is moved out of their way first."""
+    import fcntl
+
+    if conn.fileno() in targets:
+        moved = socket.socket(fileno=fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, 256))
+        conn.close()
+        conn = moved
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 256) for fd in received]
+    for fd in received:
+        os.close(fd)
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+    return conn
 
 
 def _exit_code(code) -> int:
@@ -555,10 +598,37 @@ def _redo_import_time_choices() -> None:
         sys.modules["numpy"].random.seed()  # a fresh process draws its own seed
 
 
-def command(python: str, script_argv: list[str], mem_bytes: int = 0, usage: str | None = None) -> list[str]:
-    """A local task's command line for `python -u <script_argv>`."""
+def command(python: str, script_argv: list[str], mem_bytes: int = 0, usage: str | None = None,
+            pass_fds: tuple[int, ...] = ()) -> list[str]:
+    """The command line for `python -u <script_argv>` (a script and its arguments, or -c and code), started warm
+    where it can be. pass_fds: open file descriptors the script gets under the same numbers."""
     options = ["--mem-bytes", str(mem_bytes)] + (["--usage", usage] if usage else [])
+    options += ["--pass-fds", ",".join(map(str, pass_fds))] if pass_fds else []
     return [python, "-u", os.path.abspath(__file__), *options, "--", *script_argv]
+
+
+@contextlib.contextmanager
+def forkserver_from_server():
+    """multiprocessing's forkserver (tp_scripts/common/image_data.worker_start), started from this user's server
+    too while this is open, on the local backend: it imports torch and torchvision as it starts, 7-8 s of a core
+    for each rank of a job whose DataLoader has workers. Its stand-in (a client, the rank's child as the forkserver
+    was) ends with it."""
+    from multiprocessing import util
+
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local" or not allowed(os.environ):
+        yield
+        return
+    spawn = util.spawnv_passfds
+
+    def through_server(path, args, passfds):
+        code = list(args[list(args).index("-c"):])  # the interpreter's flags before it come from the environment,
+        return spawn(path, command(path, code, pass_fds=tuple(passfds)), passfds)  # which the server shares
+
+    util.spawnv_passfds = through_server
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = spawn
 
 
 if __name__ == "__main__":

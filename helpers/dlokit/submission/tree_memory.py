@@ -21,17 +21,9 @@ def scripts_of(controller: int) -> list[psutil.Process]:
     forked warm (dlokit.in_job.warm_start) stands in the place of its client."""
     try:
         tasks = psutil.Process(controller).children()
-        found = [p for task in tasks for p in task.children(recursive=True)]
     except psutil.Error:
         return []
-    scripts = []
-    for process in found:
-        script = warm_start.adopted(process.pid)
-        try:
-            scripts += [script, *script.children(recursive=True)] if script else [process]
-        except psutil.Error:
-            continue
-    return scripts
+    return [p for task in tasks for p in warm_start.descendants(task)]
 
 
 def _total(processes: list[psutil.Process], measure) -> float:
