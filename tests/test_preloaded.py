@@ -1,5 +1,5 @@
-"""tests/preloaded.py starts a script as `python script.py` would: same arguments, folder, environment, sys.path,
-output, exit code and thread count; a timeout ends it and what it started."""
+"""tests/preloaded.py starts a script warm (dlokit.in_job.warm_start) as `python script.py` would: same arguments,
+folder, environment, sys.path, output, exit code and thread count; a timeout ends it and what it started."""
 import json
 import subprocess
 import sys
@@ -56,6 +56,8 @@ def test_a_timeout_ends_the_script_and_what_it_started(tmp_path):
                       "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
                       "print(child.pid, flush=True)\n"
                       "time.sleep(600)\n")
+    (tmp_path / "nothing.py").write_text("")
+    preloaded.run([sys.executable, str(tmp_path / "nothing.py")], cwd=tmp_path, timeout=120)  # the server is up
     with pytest.raises(subprocess.TimeoutExpired) as stopped:
         preloaded.run([sys.executable, str(script)], cwd=tmp_path, timeout=5)
     child = int(stopped.value.output.split()[0])

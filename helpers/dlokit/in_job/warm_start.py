@@ -275,7 +275,7 @@ def _end_as(ended: dict | None, note: str, usage: str | None) -> None:
         os._exit(1)
     if usage:
         with open(usage, "w") as out:
-            json.dump({"peak_rss_kb": ended["maxrss_kb"]}, out)
+            json.dump({"peak_rss_kb": ended["maxrss_kb"], "cpu_s": ended["cpu_s"]}, out)
     status = ended["status"]
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
@@ -399,7 +399,8 @@ class _Server:
                 pass
             if conn:
                 try:
-                    _send(conn, {"status": status, "maxrss_kb": usage.ru_maxrss})
+                    _send(conn, {"status": status, "maxrss_kb": usage.ru_maxrss,
+                                 "cpu_s": usage.ru_utime + usage.ru_stime})
                 except OSError:
                     pass
                 conn.close()
