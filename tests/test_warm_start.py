@@ -33,14 +33,14 @@ sys.exit(int(sys.argv[1]))
 
 @pytest.fixture
 def warm(tmp_path, monkeypatch):
-    runtime = tmp_path / "run"
+    runtime = tmp_path / ("a-folder-deep-enough-that-its-socket-path-is-longer-than-af-unix-takes-" * 2)
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     monkeypatch.delenv(warm_start.SWITCH, raising=False)
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "probe.py").write_text(PROBE)
     yield tmp_path
-    for facts in (runtime / "dlokit-warm").glob("*.json"):
+    for facts in (runtime / "dlokit-warm").glob("*.json"):  # this test's server ends with it
         try:
             os.kill(json.loads(facts.read_text())["pid"], signal.SIGTERM)
         except (ProcessLookupError, ValueError, KeyError):
@@ -58,7 +58,7 @@ def client(tmp_path, *args, mem_bytes=0, env=None, **popen):
 
 
 def server_pid(tmp_path) -> int | None:
-    facts = list((tmp_path / "run" / "dlokit-warm").glob("*.json"))
+    facts = list(Path(os.environ["XDG_RUNTIME_DIR"], "dlokit-warm").glob("*.json"))
     return json.loads(facts[0].read_text())["pid"] if facts else None
 
 

@@ -153,10 +153,25 @@ def _cold(script_argv: list[str], mem_bytes: int):
     os.execv(sys.executable, [sys.executable, "-u", *script_argv])
 
 
+@contextlib.contextmanager
+def _address(path: str):
+    """The socket's path, or the same file reached through its folder's descriptor when the path is longer than
+    AF_UNIX takes (108 bytes: a deep temporary folder)."""
+    if len(os.fsencode(path)) < 100:
+        yield path
+        return
+    folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+    finally:
+        os.close(folder)
+
+
 def _connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        with _address(path) as address:
+            sock.connect(address)
         return sock
     except OSError:
         sock.close()
@@ -320,7 +335,8 @@ class _Server:
         self.facts = os.path.join(self.folder, f"{key}.json")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         draft = f"{self.path}.{os.getpid()}"
-        self.listener.bind(draft)
+        with _address(draft) as address:
+            self.listener.bind(address)
         self.listener.listen(64)
         with open(self.facts, "w") as facts:
             json.dump({"pid": os.getpid(), "data_bytes": _data_bytes()}, facts)
