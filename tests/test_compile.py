@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import preloaded
 import pytest
 
 from dlokit import analysis
@@ -44,7 +45,7 @@ def kernel_cache(tmp_path_factory) -> dict:
 def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, launcher=(PYTHON,), check=True, timeout=400):
     cmd = [*launcher, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    done = preloaded.run(cmd, env=env, cwd=REPO, timeout=timeout)  # started warm, as a local job's script is
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done

@@ -126,6 +126,7 @@ def test_the_server_key_follows_what_torch_reads_as_it_imports():
                                                   "TORCHINDUCTOR_CACHE_DIR": "/c"}) == key
     assert warm_start.server_key(sys.executable, {**base, "TORCH_LOGS": "dynamo"}) != key
     assert warm_start.server_key(sys.executable, {**base, "PYTHONPATH": "/b"}) != key
+    assert warm_start.server_key(sys.executable, {**base, "CXX": "/no/g++"}) != key  # inductor's config reads it
 
 
 FORKSERVER = """

@@ -46,6 +46,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 # read by torch at run time (or set by it): not part of what the server imported
 RUNTIME_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONUNBUFFERED"}
 IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "PYTHON", "KMP_", "MKL_", "OPENBLAS", "LD_")
+IMPORT_TIME_NAMES = ("CXX", "CC")  # torch._inductor.config reads the C++ compiler as it imports
 
 
 # ---- where the servers live, and which one a job may use
@@ -67,7 +68,7 @@ def server_key(python: str, environ: dict) -> str:
     torch_version = os.path.join(os.path.dirname(spec.origin), "version.py") if spec and spec.origin else ""
     stamp = os.stat(torch_version).st_mtime_ns if torch_version and os.path.exists(torch_version) else 0
     seen = sorted((k, v) for k, v in environ.items()
-                  if k.startswith(IMPORT_TIME_PREFIXES) and k not in RUNTIME_VARIABLES)
+                  if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_TIME_NAMES) and k not in RUNTIME_VARIABLES)
     seen += [(k, v) for k, v in sorted(environ.items()) if k.startswith("OMP_") and k != "OMP_NUM_THREADS"]
     this = os.stat(os.path.abspath(__file__)).st_mtime_ns  # a changed server is a new one
     text = json.dumps([os.path.realpath(python), sys.version, sys.prefix, torch_version, stamp, this, seen])
@@ -77,7 +78,7 @@ def server_key(python: str, environ: dict) -> str:
 def _server_environment(environ: dict) -> dict:
     """What the server imports torch under: the variables the key holds, and the user's; never the first job's own
     (its scripts get each job's whole environment)."""
-    kept = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", SWITCH)
+    kept = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", SWITCH, *IMPORT_TIME_NAMES)
     return {k: v for k, v in environ.items() if k in kept or k.startswith(("LC_", "OMP_") + IMPORT_TIME_PREFIXES)}
 
 
