@@ -86,7 +86,9 @@ def test_a_script_hears_its_clients_signals_and_dies_with_it(warm):
     ran(client(warm, 0))  # the server is up
     process = client(warm, 0, "--wait")
     seen = json.loads(process.stdout.readline())
-    assert warm_start.adopted(process.pid).pid == seen["pid"]  # what the launcher's memory watch follows
+    script = warm_start.adopted(process.pid)
+    assert script.pid == seen["pid"]  # what the launcher's memory watch follows
+    assert script.name() == "probe.py"  # what top shows
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=30)
     assert "got SIGTERM" in out and process.returncode == 7

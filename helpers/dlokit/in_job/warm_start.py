@@ -253,8 +253,11 @@ def client(argv: list[str]) -> None:
             signal.signal(signum, signal.SIG_DFL)
         _cold(script_argv, mem_bytes)
     note = os.path.join(runtime_dir(), f"{os.getpid()}.child")
-    with open(note, "w") as out:
-        out.write(f"{reply['pid']} {reply['started']}")
+    try:
+        with open(note, "w") as out:
+            out.write(f"{reply['pid']} {reply['started']}")
+    except OSError:  # a full disk: the script runs all the same, the launcher's memory watch misses it
+        pass
     child.append(reply["pid"])
     for signum in pending:
         forward(signum, None)
@@ -284,7 +287,7 @@ def _end_as(ended: dict | None, note: str, usage: str | None) -> None:
     """Leave as the script left: its exit code, or killed by its signal; its peak memory written to `usage`."""
     try:
         os.unlink(note)  # the server removes it too: for a client killed on the way
-    except FileNotFoundError:
+    except OSError:
         pass
     if ended is None:
         print("dlokit warm start: the server went away before the script ended", file=sys.stderr, flush=True)
@@ -507,6 +510,7 @@ def run_script(request: dict, fds: list[int], conn: socket.socket):
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
     script = request["argv"][0]
     code = request["argv"][1] if script == "-c" else None
+    _name_process("python" if code else os.path.basename(script))
     path = "<string>" if code else os.path.join(os.getcwd(), script)  # joined, not normalised, as Python does
     sys.argv = ["-c", *request["argv"][2:]] if code else list(request["argv"])
     python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -523,6 +527,17 @@ def run_script(request: dict, fds: list[int], conn: socket.socket):
         _print_error(error, path)
         code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
     _leave(code)
+
+
+def _name_process(name: str) -> None:
+    """The name top, ps and pgrep show (15 bytes): the script's, not the server's (its command line stays the
+    server's: Python cannot rewrite it)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(15, os.fsencode(name)[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def _run_as_main(path: str, code: str | None) -> None:
