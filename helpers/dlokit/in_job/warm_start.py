@@ -86,13 +86,14 @@ def allowed(environ: dict) -> bool:
     return environ.get(SWITCH, "1") != "0" and not os.path.exists("/dev/nvidiactl")
 
 
-def adopted(pid: int):
+def adopted(pid: int, folder: str | None = None):
     """The script a warm client stands in for (a psutil.Process), or None: for the launcher's memory watch and
-    its SIGABRT to stuck scripts, which look for the scripts among the job's descendants."""
+    its SIGABRT to stuck scripts, which look for the scripts among the job's descendants. folder: runtime_dir(),
+    when the caller has it already."""
     import psutil
 
     try:
-        with open(os.path.join(runtime_dir(), f"{pid}.child")) as note:
+        with open(os.path.join(folder or runtime_dir(), f"{pid}.child")) as note:
             child, started = note.read().split()
         process = psutil.Process(int(child))
         return process if abs(process.create_time() - float(started)) < 1 else None
@@ -105,15 +106,23 @@ def descendants(process) -> list:
     script's own descendants: what a cold start would have made the process's tree."""
     import psutil
 
+    try:
+        folder = runtime_dir()  # once, not once a process: the launcher asks twice a second
+    except OSError:
+        folder = None  # no notes can exist: no script was forked warm, and adopted() finds none
+    return _descendants(process, folder, psutil)
+
+
+def _descendants(process, folder: str, psutil) -> list:
     found = []
     try:
         children = process.children()
     except psutil.Error:
         return found
     for child in children:
-        script = adopted(child.pid)
+        script = adopted(child.pid, folder)
         found.append(script or child)
-        found += descendants(script or child)
+        found += _descendants(script or child, folder, psutil)
     return found
 
 
