@@ -20,15 +20,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_ranks(command: list[str], nproc: int, env: dict, logs: list[tuple[str, str]]) -> list[subprocess.Popen]:
+    """Start `command` on `nproc` ranks, rank r writing to logs[r] (stdout, stderr: one path may serve both)."""
+    port = str(free_port())
+    return [preloaded.start(command, stdout=out, stderr=err, env={
+        **env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for r, (out, err) in enumerate(logs)]
+
+
 def run_ranks(command: list[str], nproc: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """`command` on `nproc` ranks: returncode 0 when every rank ended with 0, else the first rank's non-zero code;
     a rank still running `FAILED_RANK_GRACE_S` after another failed, or at `timeout`, is killed."""
-    port = str(free_port())
     with tempfile.TemporaryDirectory() as folder:
         logs = [(f"{folder}/{r}.out", f"{folder}/{r}.err") for r in range(nproc)]
-        processes = [preloaded.start(command, stdout=out, stderr=err, env={
-            **env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for r, (out, err) in enumerate(logs)]
+        processes = start_ranks(command, nproc, env, logs)
         deadline, failed_at = time.monotonic() + timeout, None
         while any(p.poll() is None for p in processes):
             now = time.monotonic()

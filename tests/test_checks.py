@@ -15,6 +15,7 @@ from pathlib import Path
 
 import preloaded
 import pytest
+from ranks import start_ranks
 
 import dlokit
 from dlokit import checks
@@ -22,7 +23,6 @@ from dlokit.material import student_copy
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
 TINY = ["--model", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "4", "--test", "--test-nsteps", "4"]
 PROFILED = ["--profile", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "2"]
 TUNED = ["--num-workers", "1", "--prefetch-factor", "3", "--persistent-workers"]
@@ -48,16 +48,17 @@ def records(tmp_path_factory):
     runs = root / "runs"
     processes = {}
     for run_id, (which, nproc, options) in RUNS.items():
-        script = str(folders[which] / "train_classifier.py")
-        launcher = [PYTHON, "-u"] if nproc == 1 else [TORCHRUN, "--standalone", f"--nproc_per_node={nproc}"]
+        command = [PYTHON, "-u", str(folders[which] / "train_classifier.py"), "--data", str(data), *TINY, *options]
         env = {**os.environ, "DLOKIT_RUN_ID": run_id, "DLOKIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
             env.pop(key, None)
         log = str(root / f"{run_id}.log")
-        processes[run_id] = preloaded.start([*launcher, script, "--data", str(data), *TINY, *options], env=env,
-                                            stdout=log, stderr=log)
-    for run_id, process in processes.items():
-        assert process.wait(timeout=240) == 0, (root / f"{run_id}.log").read_text()[-3000:]
+        if nproc == 1:
+            processes[run_id] = [preloaded.start(command, env=env, stdout=log, stderr=log)]
+        else:  # as srun starts them (no torchrun in between), each rank warm
+            processes[run_id] = start_ranks(command, nproc, env, [(log, log)] * nproc)
+    for run_id, ranks in processes.items():
+        assert all(rank.wait(timeout=240) == 0 for rank in ranks), (root / f"{run_id}.log").read_text()[-3000:]
     return runs
 
 
