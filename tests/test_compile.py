@@ -16,6 +16,7 @@ from pathlib import Path
 
 import preloaded
 import pytest
+from ranks import run_ranks
 
 from dlokit import analysis
 from dlokit.in_job import jobenv
@@ -27,7 +28,6 @@ SOLUTION = REPO / "tp_scripts" / "solutions" / "compile_bench.py"
 STUDENT = REPO / "tp_scripts" / "compile_bench.py"
 TRAIN = REPO / "tp_scripts" / "solutions" / "train_classifier.py"
 PYTHON = sys.executable
-TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
 SMALL_FUNCTION = ["--parts", "function", "--function-rows", "64", "--function-cols", "256", "--warmup-steps", "2",
                   "--steps", "3"]
 SMALL_MODEL = ["--parts", "model", "--model", "resnet18", "--image-size", "32", "--batch-size", "4",
@@ -42,10 +42,11 @@ def kernel_cache(tmp_path_factory) -> dict:
     return {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor"))}
 
 
-def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, launcher=(PYTHON,), check=True, timeout=400):
-    cmd = [*launcher, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
+def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, ranks=1, check=True, timeout=400):
+    cmd = [PYTHON, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
-    done = preloaded.run(cmd, env=env, cwd=REPO, timeout=timeout)  # started warm, as a local job's script is
+    # started warm, as a local job's script is; several ranks as srun starts them
+    done = run_ranks(cmd, ranks, env, timeout) if ranks > 1 else preloaded.run(cmd, env=env, cwd=REPO, timeout=timeout)
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done
@@ -133,7 +134,7 @@ def test_compiled_training_inference_and_optimizer_steps_agree_with_eager_and_fu
 def test_compile_of_a_ddp_model_on_two_ranks(tmp_path, kernel_cache):
     needs_compiler()
     bench(tmp_path, "ddp", *SMALL_MODEL, "--variants", "eager,compile-default",
-          launcher=(TORCHRUN, "--standalone", "--nproc_per_node=2"), timeout=900, env=kernel_cache)
+          ranks=2, timeout=900, env=kernel_cache)
     for rank in (0, 1):
         found = results(tmp_path, "ddp", rank)
         line = found["model", "compile-default"]

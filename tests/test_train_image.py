@@ -19,6 +19,7 @@ from pathlib import Path
 
 import preloaded
 import pytest
+from ranks import run_ranks
 
 from dlokit.checks.day2 import UNUSED_ERROR
 from dlokit.in_job.measure import StepClock
@@ -62,10 +63,13 @@ def env_for(run_id: str) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
 
 
-def train(runs: Path, run_id: str, *args, launcher=(PYTHON,), timeout=240, script=SCRIPT, check=True):
+def train(runs: Path, run_id: str, *args, launcher=(PYTHON,), timeout=240, script=SCRIPT, check=True, ranks=1):
+    """One process (started warm), or what `launcher` starts, or `ranks` processes as srun starts them (each warm)."""
     cmd = [*launcher, str(script), "--runs-dir", str(runs), *SMALL, *map(str, args)]
-    # in a session of its own: a timeout also ends the workers torchrun started
-    done = preloaded.run(cmd, env=env_for(run_id), cwd=REPO, timeout=timeout)
+    if ranks > 1:
+        done = run_ranks(cmd, ranks, env_for(run_id), timeout=timeout)
+    else:  # in a session of its own: a timeout also ends the workers torchrun started
+        done = preloaded.run(cmd, env=env_for(run_id), cwd=REPO, timeout=timeout)
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done
@@ -194,13 +198,12 @@ def test_profiler_writes_one_trace_per_rank(tmp_path, tiny):
 
 def test_blocks_skipped_for_a_batch_stop_ddp_unless_it_finds_the_unused_parameters(tmp_path, tiny):
     """--layer-drop: PyTorch's own reducer error on 2 ranks without the flag, a completed training with it."""
-    two_ranks = (TORCHRUN, "--standalone", "--nproc_per_node=2")
     common = ["--data", tiny, "--batch-size", 4, "--test", "--test-nsteps", 4, "--layer-drop", 0.5]
-    done = train(tmp_path, "nounused", *common, launcher=two_ranks, timeout=120, check=False)
+    done = train(tmp_path, "nounused", *common, ranks=2, timeout=120, check=False)
     assert done.returncode != 0
     summary = rank_record(tmp_path, "nounused")["summary"]
     assert summary["status"] == "failed" and UNUSED_ERROR in summary["error"]
-    train(tmp_path, "unused", *common, "--find-unused-parameters", launcher=two_ranks, timeout=120)
+    train(tmp_path, "unused", *common, "--find-unused-parameters", ranks=2, timeout=120)
     for rank in (0, 1):
         summary = rank_record(tmp_path, "unused", rank)["summary"]
         assert summary["status"] == "completed" and summary["observed"]["ddp_find_unused_parameters"] is True
