@@ -51,3 +51,10 @@ def run_ranks(command: list[str], nproc: int, env: dict, timeout: float) -> subp
     if any(c is not None and c < 0 for c in codes) and time.monotonic() > deadline:
         raise subprocess.TimeoutExpired(command, timeout, output="".join(t[0] for t in texts))
     return subprocess.CompletedProcess(command, code, "".join(t[0] for t in texts), "".join(t[1] for t in texts))
+
+
+def run_warm(command: list[str], env: dict, timeout: float, ranks: int = 1, cwd=None) -> subprocess.CompletedProcess:
+    """`command` started warm: one process (in `cwd`), or `ranks` of them as srun starts them (run_ranks)."""
+    if ranks > 1:
+        return run_ranks(command, ranks, env, timeout)
+    return preloaded.run(command, env=env, cwd=cwd, timeout=timeout)

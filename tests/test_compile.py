@@ -14,9 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import preloaded
 import pytest
-from ranks import run_ranks
+from ranks import run_warm
 
 from dlokit import analysis
 from dlokit.in_job import jobenv
@@ -45,8 +44,7 @@ def kernel_cache(tmp_path_factory) -> dict:
 def bench(runs: Path, run_id: str, *args, script=SOLUTION, env=None, ranks=1, check=True, timeout=400):
     cmd = [PYTHON, str(script), "--runs-dir", str(runs), "--device", "cpu", *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, **(env or {})}
-    # started warm, as a local job's script is; several ranks as srun starts them
-    done = run_ranks(cmd, ranks, env, timeout) if ranks > 1 else preloaded.run(cmd, env=env, cwd=REPO, timeout=timeout)
+    done = run_warm(cmd, env, timeout, ranks=ranks, cwd=REPO)  # started warm, as a local job's script is
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done

@@ -17,9 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-import preloaded
 import pytest
-from ranks import run_ranks
+from ranks import run_warm
 
 from dlokit.checks.day2 import UNUSED_ERROR
 from dlokit.in_job.measure import StepClock
@@ -66,10 +65,8 @@ def env_for(run_id: str) -> dict:
 def train(runs: Path, run_id: str, *args, launcher=(PYTHON,), timeout=240, script=SCRIPT, check=True, ranks=1):
     """One process (started warm), or what `launcher` starts, or `ranks` processes as srun starts them (each warm)."""
     cmd = [*launcher, str(script), "--runs-dir", str(runs), *SMALL, *map(str, args)]
-    if ranks > 1:
-        done = run_ranks(cmd, ranks, env_for(run_id), timeout=timeout)
-    else:  # in a session of its own: a timeout also ends the workers torchrun started
-        done = preloaded.run(cmd, env=env_for(run_id), cwd=REPO, timeout=timeout)
+    # in a session of its own: a timeout also ends the workers torchrun started
+    done = run_warm(cmd, env_for(run_id), timeout, ranks=ranks, cwd=REPO)
     if check:
         assert done.returncode == 0, f"{cmd}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     return done
