@@ -37,5 +37,7 @@ for path in sorted(Path(sys.argv[1]).glob("*.ipynb")):
                 if any(mark in line for mark in ("✅", "❌", "➖", "ERROR", "from Day", "on train_llm")):
                     print(f"[{index}] {line[:300]}")
 EOF
-tar czf "$out/course.tgz" output notebooks/runs 2>/dev/null
+# executed notebooks (saved after every cell, so a stopped one comes back up to where it stopped), plots, and the
+# runs' small records (their traces and checkpoints would pass the 16 MiB a returned file may have)
+tar czf "$out/course.tgz" output $(find notebooks/runs -name '*.json' -size -2M 2>/dev/null) 2>/dev/null
 cat "$out/verdicts.txt"
