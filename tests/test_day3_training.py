@@ -19,7 +19,7 @@ import preloaded
 import pytest
 
 from dlokit.in_job.runrecord import read_rank
-from tp_imports import common  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"
@@ -305,3 +305,59 @@ def test_tensorboard_events_and_no_api_key_in_any_file(backend, workspace, monke
     assert dlokit.show_script(job_id) and list((workspace / "jobs").rglob(f"{job_id}*_job.json"))
     assert list((runs / job_id).rglob("events.out.tfevents.*"))
     assert files_holding(workspace, key) == []
+
+
+# ---- the large-batch lesson: validation losses and the interval of their difference ---------------------
+
+@pytest.mark.parametrize("script", [SCRIPT, STUDENT])
+def test_validation_records_the_mean_and_spread_of_the_per_image_losses(script):
+    import torch
+
+    module = load_script(script, f"validation_{script.parent.name}")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 4)
+    batches = [(torch.randn(5, 6), torch.randint(0, 4, (5,))) for _ in range(3)]
+    found = module.evaluate(model, batches, None, None, False)
+    losses = torch.cat([torch.nn.functional.cross_entropy(model(x), y, reduction="none") for x, y in batches])
+    assert found["val_loss"] == pytest.approx(losses.mean().item(), rel=1e-5)
+    assert found["val_loss_sd"] == pytest.approx(losses.std().item(), rel=1e-4)  # the sample standard deviation
+
+
+def lesson_run(runs: Path, run_id: str, optimizer: str, loss: float, sd: float | None, *, tuned=True, images=400):
+    """The record of a TP3.1 training at global batch 150 that ended at validation `loss` (per-image spread `sd`)."""
+    from dlokit.in_job.runrecord import RunRecorder
+
+    config = {"optimizer": optimizer, "global_batch_size": 150, "val_images": images, "epochs": 4,
+              "lr_scaling": "sqrt" if tuned else "none", "warmup_steps": 3 if tuned else 0}
+    spread = {} if sd is None else {"val_loss_sd": sd}
+    with RunRecorder(config, run_id=run_id, runs_dir=runs) as recorder:
+        recorder.log("val", epoch=4, step=12, val_loss=loss, val_acc=0.25, **spread)
+        recorder.finish(steps=12)
+    return run_id
+
+
+def test_the_large_batch_lesson_is_read_from_the_interval_of_the_loss_difference(tmp_path):
+    from dlokit.analysis import large_batch
+
+    def lesson(sgd, lamb, lars=(2.3, 0.2), images=400):
+        ids = [lesson_run(tmp_path, f"sgd-{sgd}-{images}", "sgd", *sgd, tuned=False, images=images),
+               lesson_run(tmp_path, f"lamb-{lamb}-{images}", "lamb", *lamb, images=images),
+               lesson_run(tmp_path, f"lars-{lars}-{images}", "lars", *lars, images=images)]
+        return large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
+
+    # seed 6 of the 2026-11-28 runs, the closest of eight: SGD 2.160 (sd 1.16), LAMB 1.979 (sd 0.44), 400 images
+    shown = lesson((2.160, 1.16), (1.979, 0.44))
+    assert shown["outcome"] == "agrees" and "LAMB's loss is lower by 0.181 [" in shown["text"]
+    assert "interval of the difference above 0" in shown["text"] and "top-1 0.250" in shown["text"]
+    # the same means over 80 images: the interval of the difference now contains 0
+    shown = lesson((2.160, 1.16), (1.979, 0.44), images=80)
+    assert shown["outcome"] == "within noise" and "contains 0" in shown["text"]
+    assert "80 validation images" in shown["text"]
+    # both layer-wise optimisers worse beyond noise: contradicts, and the text says "higher"
+    shown = lesson((1.8, 0.3), (2.2, 0.3), (2.4, 0.3))
+    assert shown["outcome"] == "contradicts" and "LAMB's loss is higher by 0.400 [" in shown["text"]
+    # a record from before the spread was recorded: no verdict, and it says why
+    ids = [lesson_run(tmp_path, "old-sgd", "sgd", 2.5, None, tuned=False),
+           lesson_run(tmp_path, "old-lamb", "lamb", 2.0, None)]
+    shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
+    assert shown["outcome"] is None and "no spread of the validation loss" in shown["text"]

@@ -36,8 +36,9 @@ PROBE_MARK = "DLOKIT_PROBE "
 TINY = {"MODEL": "mobilenet_v3_small", "IMAGE_SIZE": 32, "BATCH_SIZE": 8, "STEPS": 4, "TRAIN_PER_CLASS": 8,
         "REFRESH_S": 1, "NICKNAME": "nbtest"}
 DAY1_TINY = {**TINY, "BATCH_SWEEP": [4, 8]}
-DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "EPOCHS": 2, "SMALL_BATCH": 8,
-             "LARGE_BATCH": 40, "OPTIMIZERS": ["sgd", "lamb"], "LR_FINDER_TRIALS": 4, "LR_FINDER_STEPS": 2,
+DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_PER_CLASS": 4, "EPOCHS": 2,
+             "SMALL_BATCH": 8, "LARGE_BATCH": 40, "OPTIMIZERS": ["sgd", "lamb"], "LR_FINDER_TRIALS": 4,
+             "LR_FINDER_STEPS": 2,
              "COMPILE_PARTS": "function", "COMPILE_MODES": ["default"], "COMPILE_BATCH": 4, "COMPILE_STEPS": 3,
              "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "REFRESH_S": 1,
              "NICKNAME": "nbtest"}

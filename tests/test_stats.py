@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from dlokit import lessons
 from dlokit.analysis import stats
 
 RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def same_draws_whatever_ran_before():
+    """Each test draws from a fresh generator: its samples, and so its verdicts, do not depend on which tests ran
+    before it (`-k` once turned a 'within noise' case into 'contradicts')."""
+    global RNG
+    RNG = np.random.default_rng(7)
 
 
 def steps(level, n=12, spread=0.02):
@@ -94,3 +103,16 @@ def test_the_interval_of_a_few_runs_of_a_speed_stays_positive():
     assert arm.basis == stats.RUNS and 0 < arm.low < arm.value < arm.high
     assert arm.value == pytest.approx((178 * 145) ** 0.5, rel=0.02)  # the geometric mean, as ratio_of_samples uses
     assert stats.ratio_of_samples(slow, fast).value == pytest.approx(arm.value / stats.estimate_of_samples(slow).value)
+
+
+def test_intervals_of_a_mean_and_of_a_difference_of_means_are_scipys():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(2.0, 0.45, 400), rng.normal(2.4, 1.4, 80)
+    one = stats.mean_of(a.mean(), a.std(ddof=1), len(a))
+    expected = scipy_stats.ttest_1samp(a, 0).confidence_interval()
+    assert (one.low, one.high) == pytest.approx((expected.low, expected.high))
+    diff = stats.difference_of_means((a.mean(), a.std(ddof=1), len(a)), (b.mean(), b.std(ddof=1), len(b)))
+    expected = scipy_stats.ttest_ind(b, a, equal_var=False).confidence_interval()  # Welch's
+    assert diff.value == pytest.approx(b.mean() - a.mean()) and (diff.low, diff.high) == pytest.approx(
+        (expected.low, expected.high))
+    assert not stats.difference_of_means((1.0, 0.1, 1), (2.0, 0.1, 10)).usable  # one image: no spread

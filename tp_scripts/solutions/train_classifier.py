@@ -560,7 +560,7 @@ def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: floa
 def evaluate(model, loader, criterion, amp_dtype, channels_last: bool, tick=lambda where: None) -> dict:
     model.eval()
     device = next(model.parameters()).device  # wherever the weights are, the batches go too
-    totals = torch.zeros(4, device=device)  # loss sum, top-1 hits, top-5 hits, images
+    totals = torch.zeros(5, device=device)  # loss sum, top-1 hits, top-5 hits, images, sum of squared losses
     tick("validation, waiting for its first batch")
     for batch, (images, labels) in enumerate(loader, 1):
         tick(f"validation batch {batch}")
@@ -570,14 +570,18 @@ def evaluate(model, loader, criterion, amp_dtype, channels_last: bool, tick=lamb
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(images)
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        totals[:3] += torch.stack([nn.functional.cross_entropy(logits.float(), labels, reduction="sum"),
+        losses = nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        totals[:3] += torch.stack([losses.sum(),
                                    (top5[:, 0] == labels).sum().float(),
                                    (top5 == labels[:, None]).any(dim=1).sum().float()])
-        totals[3] += len(labels)
+        totals[3:] += torch.stack([torch.tensor(float(len(labels)), device=device), (losses ** 2).sum()])
     tick("validation (all-reduce of its sums)")
-    loss, top1, top5, count = sum_over_ranks(totals).tolist()
+    loss, top1, top5, count, squares = sum_over_ranks(totals).tolist()
     model.train()
-    return {"val_loss": loss / max(count, 1), "val_acc": top1 / max(count, 1), "val_acc5": top5 / max(count, 1)}
+    mean = loss / max(count, 1)
+    # the per-image losses' standard deviation: how sure the mean is (the interval of Day 3's comparisons)
+    spread = math.sqrt(max(squares - count * mean ** 2, 0.0) / max(count - 1, 1))
+    return {"val_loss": mean, "val_loss_sd": spread, "val_acc": top1 / max(count, 1), "val_acc5": top5 / max(count, 1)}
 
 
 def save(t: Training, ins: Instrument, epoch: int, batch_in_epoch: int, epoch_totals=None) -> None:

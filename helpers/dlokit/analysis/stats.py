@@ -213,6 +213,30 @@ def ratio_of_samples(base: list, other: list, confidence: float = CONFIDENCE) ->
     return Estimate(value, float(ci.low), float(ci.high), 1, n_steps, STEPS, confidence)
 
 
+def mean_of(mean: float, sd: float, n: int, confidence: float = CONFIDENCE) -> Estimate:
+    """A mean over n samples (a run's validation loss over its images) from its standard deviation: the t-interval."""
+    if not n or n < 2 or not all(math.isfinite(v) for v in (mean, sd)):
+        return NO_ESTIMATE
+    half = stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Estimate(mean, float(mean - half), float(mean + half), 1, int(n), STEPS, confidence)
+
+
+def difference_of_means(a: tuple, b: tuple, confidence: float = CONFIDENCE) -> Estimate:
+    """b's mean minus a's, each given as (mean, standard deviation, n), with Welch's t-interval: the two runs'
+    samples are independent and may spread differently (scipy.stats.ttest_ind_from_stats's test, as an interval)."""
+    (mean_a, sd_a, n_a), (mean_b, sd_b, n_b) = a, b
+    if min(n_a, n_b) < 2 or not all(math.isfinite(v) for v in (mean_a, sd_a, mean_b, sd_b)):
+        return NO_ESTIMATE
+    var_a, var_b = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    se = math.sqrt(var_a + var_b)
+    if se == 0:
+        return Estimate(mean_b - mean_a, mean_b - mean_a, mean_b - mean_a, 1, int(min(n_a, n_b)), STEPS, confidence)
+    dof = (var_a + var_b) ** 2 / (var_a ** 2 / (n_a - 1) + var_b ** 2 / (n_b - 1))  # Welch-Satterthwaite
+    half = stats.t.ppf((1 + confidence) / 2, dof) * se
+    diff = mean_b - mean_a
+    return Estimate(diff, float(diff - half), float(diff + half), 1, int(min(n_a, n_b)), STEPS, confidence)
+
+
 def proportion(hits: int, total: int, confidence: float = CONFIDENCE) -> Estimate:
     """An accuracy over `total` examples with its Wilson interval (scipy.stats.binomtest)."""
     if not total:

@@ -142,13 +142,19 @@ class Day:
         return "\n".join(lines)
 
 
-def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, hard: bool = False) -> str:
+def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, hard: bool = False,
+                   val_per_class: int | None = None) -> str:
     """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused).
 
-    hard: the CIFAR-like set of Day 3 (make_synthetic_imagenet.py --hard), square images of the crop's size."""
+    hard: the CIFAR-like set of Day 3 (make_synthetic_imagenet.py --hard), square images of the crop's size.
+    val_per_class: validation images per class; None: a fifth of train_per_class (at least 4). The training
+    images are the same whatever it is (each image has its own random stream)."""
     source_size = image_size if hard else max(64, image_size * 5 // 4)  # ImageNet-like: a little larger than the crop
     kind = "hard" if hard else "shapes"
-    folder = REPO / "data" / "generated" / f"{kind}-{train_per_class}x{classes}-{source_size}px"
+    default_val = max(4, train_per_class // 5)
+    val_per_class = default_val if val_per_class is None else val_per_class
+    suffix = "" if val_per_class == default_val else f"-val{val_per_class}"
+    folder = REPO / "data" / "generated" / f"{kind}-{train_per_class}x{classes}-{source_size}px{suffix}"
     if (folder / "train").is_dir():  # made already: no lock, so students on JupyterHub need no write access
         return str(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +164,7 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, har
             shutil.rmtree(partial, ignore_errors=True)
             subprocess.run([sys.executable, str(DATA_MAKER), "--out", str(partial), "--classes", str(classes),
                             "--train-per-class", str(train_per_class),
-                            "--val-per-class", str(max(4, train_per_class // 5)), "--size", str(source_size),
+                            "--val-per-class", str(val_per_class), "--size", str(source_size),
                             *(["--hard"] if hard else [])], check=True)
             partial.rename(folder)  # complete or absent, never half-written
     return str(folder)
@@ -167,9 +173,11 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, har
 def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = None, train_per_class: int = 32,
               model: str = "resnet18", image_size: int = 64, batch_size: int | None = 16, steps: int = 10,
               time_max: str = "00:10:00", refresh_s: float = 5.0, script: str = "train_classifier.py",
-              verbose: bool = True, hard_data: bool = False, carry_from=()) -> Day:
+              verbose: bool = True, hard_data: bool = False, val_per_class: int | None = None,
+              carry_from=()) -> Day:
     """Choose the profile, find the training script, make or find the data; returns the Day.
-    hard_data: generate the hard CIFAR-like set (Day 3) when `data` is None.
+    hard_data: generate the hard CIFAR-like set (Day 3) when `data` is None; val_per_class: its validation
+    images per class (None: a fifth of train_per_class).
     carry_from: earlier days (e.g. [1, 2]) whose saved choices every command starts from; batch_size None then
     means the batch Day 1 chose (16 when it saved none)."""
     chosen = use_profile(profile)
@@ -179,7 +187,7 @@ def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = N
                                 "'../tp_scripts/solutions' (the reference); regenerate yours with "
                                 "`python -m dlokit.material build` at the top of the repository")
     if data is None:
-        data = synthetic_data(train_per_class, image_size, hard=hard_data)
+        data = synthetic_data(train_per_class, image_size, hard=hard_data, val_per_class=val_per_class)
     elif data != "synthetic" and not (Path(data) / "train").is_dir():
         raise FileNotFoundError(f"DATA={data!r} has no train/ folder: give an ImageNet-layout folder "
                                 "(train/<class>/*.JPEG, val/...) or None to generate a small synthetic one")
