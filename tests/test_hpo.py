@@ -268,6 +268,51 @@ def test_samplers_side_by_side_check_fails_on_the_untouched_space_a_repeated_gri
     assert repeated.part("grid points").status == "failed", repeated
 
 
+def test_successive_halving_stops_more_than_hyperband_on_the_same_draws_and_the_check_reports_both(tmp_path):
+    """Four trials on the same random draws, each reporting a lower value per epoch than the one before it, under
+    each pruner (rungs at epochs 1, 2, 4): successive halving stops every trial but the first at its first rung;
+    Hyperband's brackets (one never prunes) stop fewer and spend more epochs. The check passes and says so."""
+    def study_under(pruner: str, name: str = "", params=True, reduction=2):
+        study = hpo.open_study(name or f"prune-{pruner}", storage_dir=tmp_path, sampler="random", pruner=pruner,
+                               reduction_factor=reduction, max_epochs=4)
+        for k in range(4):
+            trial = study.ask()
+            if params:
+                trial.suggest_float("lr", 0.01, 0.2, log=True)
+            for epoch in range(1, 5):
+                trial.report(0.5 - 0.1 * k - 0.01 * epoch, epoch)
+                if trial.should_prune():
+                    study.tell(trial, state=TrialState.PRUNED)
+                    break
+            else:
+                study.tell(trial, 0.5 - 0.1 * k)
+        return study
+
+    pruned = {name: study_under(name) for name in ("successive-halving", "hyperband")}
+    stopped = {name: sum(t.state == TrialState.PRUNED for t in s.trials) for name, s in pruned.items()}
+    assert stopped["successive-halving"] == 3 and stopped["hyperband"] < 3, stopped
+    result = checks.pruners(pruned)
+    assert result.status == "passed", result
+    assert result.part("pruners").message == ("successive-halving: SuccessiveHalvingPruner, "
+                                              "hyperband: HyperbandPruner")
+    assert result.part("same draws").status == "passed" and result.part("budget").status == "passed"
+    assert "successive-halving: 3 of 4 pruned, 7 epochs run" in result.part("stopped").message
+    figure = samplers.pruned_figure(pruned)
+    crosses = [len([line for line in ax.lines if line.get_marker() == "x"]) for ax in figure.axes]
+    assert crosses == [stopped["successive-halving"], stopped["hyperband"]]
+
+    same_kind = checks.pruners({"a": pruned["hyperband"], "b": study_under("hyperband", "hb-again")})
+    assert same_kind.status == "failed" and "one kind of pruner" in same_kind.part("pruners").message
+    untouched = checks.pruners({"successive-halving": study_under("successive-halving", "u", params=False),
+                                "hyperband": pruned["hyperband"]})
+    assert untouched.status == "failed" and "TODO TP3.5" in untouched.message
+    assert isinstance(hpo.open_study("hb", storage_dir=tmp_path, pruner="hyperband", max_epochs=4).pruner,
+                      optuna.pruners.HyperbandPruner)
+    for kwargs, match in (({"reduction_factor": 1}, "reduction_factor"), ({"max_epochs": 0}, "max_epochs")):
+        with pytest.raises(ValueError, match=match):
+            hpo.open_study("bad", storage_dir=tmp_path, pruner="hyperband", **kwargs)
+
+
 def test_no_study_is_refused_with_what_to_give():
     for view in (samplers.compare_studies, samplers.history_figure, samplers.sampled_figure):
         with pytest.raises(ValueError, match="name: study"):

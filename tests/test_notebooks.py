@@ -40,7 +40,8 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
              "SMALL_BATCH": 8, "LARGE_BATCH": 40, "OPTIMIZERS": ["sgd", "lamb"], "LR_FINDER_TRIALS": 4,
              "LR_FINDER_STEPS": 2,
              "COMPILE_PARTS": "function", "COMPILE_MODES": ["default"], "COMPILE_BATCH": 4, "COMPILE_STEPS": 3,
-             "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "REFRESH_S": 1,
+             "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "PRUNE_EPOCHS": 2,
+             "REFRESH_S": 1,
              "NICKNAME": "nbtest"}
 # TP4.1's layouts without fsdp-keep, and TP4.6 on those plus a pipeline: what each mode computes against one
 # process is tests/test_day4_parallel.py's (every mode); here the notebook's path through the check and the views.
@@ -119,7 +120,7 @@ def assert_none_failed(results: list[dict], expected: set[str]):
 DAY1_CHECKS = {"job completed", "TP1.1 model and batches on the device", "TP1.2 mixed precision",
                "TP1.3 channels_last", "TP1.4 profiler trace"}
 DAY3_CHECKS = {"TP3.1 optimisers and schedules", "TP3.2 LR range test", "TP3.3 compilation", "TP3.4 storage formats",
-               "TP3.5 hyper-parameter search", "TP3.5 samplers side by side"}
+               "TP3.5 hyper-parameter search", "TP3.5 samplers side by side", "TP3.5 pruners side by side"}
 DAY3_PROBE = """
 import json
 print("DLOKIT_PROBE " + json.dumps({
@@ -131,6 +132,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "compared": dict(zip(comparison["study"], comparison["trials"].tolist())),
     "complete": comparison["complete"].tolist(),
     "drawn": sorted(set(comparison["drawn_by"])),
+    "pruner_trials": {name: len(study.trials) for name, study in pruned.items()},
     "tensorboard_files": len(events),
     "kept_optimizer": day.recall("optimizer"),
     # the trainings share the machine on purpose (alone=False): only the measurements must have been alone
@@ -247,6 +249,7 @@ def check_day3(results, probe, profile):
     assert probe["lr_trials"] >= 3 and probe["read_formats"] == ["folder", "raw", "webdataset"]
     assert probe["trials"] == ["COMPLETE", "COMPLETE"] and probe["tensorboard_files"] == 1
     assert probe["compared"] == {"tpe": 2, "grid": 2, "random": 2}  # the three samplers, the same budget each
+    assert probe["pruner_trials"] == {"successive-halving": 2, "hyperband": 2}
     assert all(n >= 1 for n in probe["complete"])  # successive halving may stop one of two, never the first to report
     # two trials: TPE never leaves its random start-up; the grid's points and the random draws say who chose them
     assert probe["drawn"] == ["grid point 2", "random draw 2", "random start-up 2"]
@@ -272,7 +275,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     found = by_check(results)
     for name, todo in (("TP3.1 optimisers and schedules", "TODO TP3.1"), ("TP3.2 LR range test", "TODO TP3.2"),
                        ("TP3.3 compilation", "TODO TP3.3"), ("TP3.5 hyper-parameter search", "TODO TP3.5"),
-                       ("TP3.5 samplers side by side", "TODO TP3.5")):
+                       ("TP3.5 samplers side by side", "TODO TP3.5"), ("TP3.5 pruners side by side", "TODO TP3.5")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP3.4 storage formats"]["status"] == "passed"  # no TODO there: a measurement TP
     assert probe["profile"] == "local" and probe["read_formats"] == ["folder", "raw", "webdataset"]

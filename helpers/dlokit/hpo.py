@@ -91,19 +91,22 @@ def study_path(name: str, storage_dir: str | os.PathLike | None = None) -> Path:
 
 
 def open_study(name: str, *, storage_dir=None, sampler="tpe", pruner="hyperband", direction: str = "maximize",
-               search_space: dict | None = None, seed: int = 0) -> optuna.Study:
+               search_space: dict | None = None, seed: int = 0, reduction_factor: int = 3,
+               max_epochs: int | None = None) -> optuna.Study:
     """Create the study, or load it when its journal exists (a resumed notebook): an optuna.Study.
 
     sampler: "tpe", "random", "grid" (search_space = {param: [values]}, e.g. hpo_space.grid(SPACE)) or any
-    optuna sampler. pruner: "hyperband", "successive-halving" (both from the first epoch on), "none" or any
-    optuna pruner. Samplers and pruners are not stored: give the same ones when a notebook reopens a study.
+    optuna sampler. pruner: "hyperband", "successive-halving" (both from the first epoch on, keeping the best
+    1/reduction_factor of the trials at each rung), "none" or any optuna pruner; max_epochs: the trials' epochs,
+    from which Hyperband makes its brackets (None: Optuna's guess, from the first trial that completes). Samplers
+    and pruners are not stored: give the same ones when a notebook reopens a study.
     """
     if direction not in ("maximize", "minimize"):
         raise ValueError(f"direction {direction!r}: 'maximize' (accuracy) or 'minimize' (loss)")
     path = study_path(name, storage_dir)
     shared_folders.shared_top(path.parent, "HPO studies")
     storage = JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path))))
-    chosen_pruner = _pruner(pruner)
+    chosen_pruner = _pruner(pruner, reduction_factor, max_epochs)
     study = optuna.create_study(storage=storage, study_name=name, direction=direction, load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(seed=seed), pruner=chosen_pruner)
     if study.direction.name.lower() != direction:
@@ -137,15 +140,21 @@ def _sampler(sampler, search_space, seed: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS)
 
 
-def _pruner(pruner) -> optuna.pruners.BasePruner:
+def _pruner(pruner, reduction_factor: int = 3, max_epochs: int | None = None) -> optuna.pruners.BasePruner:
     if isinstance(pruner, optuna.pruners.BasePruner):
         return pruner
+    if not isinstance(reduction_factor, int) or reduction_factor < 2:
+        raise ValueError(f"reduction_factor {reduction_factor!r}: a whole number of at least 2 (each rung keeps "
+                         "the best 1/reduction_factor of its trials)")
+    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
+        raise ValueError(f"max_epochs {max_epochs!r}: the trials' epochs, a whole number of at least 1, or None")
     if pruner in (None, "none"):
         return optuna.pruners.NopPruner()
     if pruner == "hyperband":  # steps are epochs: a bracket may stop a trial after its first epoch
-        return optuna.pruners.HyperbandPruner(min_resource=1)
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_epochs or "auto",
+                                              reduction_factor=reduction_factor)
     if pruner == "successive-halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=reduction_factor)
     raise ValueError(f"pruner {pruner!r}: one of {', '.join(PRUNERS)}, or an optuna pruner")
 
 

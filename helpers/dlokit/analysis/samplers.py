@@ -1,14 +1,16 @@
-"""TP3.5's samplers side by side: studies run on one search space and one budget (trials, epochs, pruner), read
-as one table and two figures.
+"""TP3.5's samplers and pruners side by side: studies run on one search space and one budget (trials, epochs), read
+as one table and a few figures.
 
     studies = {"grid": grid_study, "random": random_study, "tpe": tpe_study}    # dlokit.hpo.open_study each
     samplers.compare_studies(studies)      # one row per study: budget spent, options tried, best top-1 and interval
     samplers.history_figure(studies)       # Optuna's optimisation history, the studies overlaid
     samplers.sampled_figure(studies)       # where each sampler looked: two options of each trial, coloured by value
+    samplers.pruned_figure(pruned)         # each trial's validation per epoch, one panel per pruner: who stopped when
 
 A best accuracy is measured on the validation images of one run: its 95 % interval (Wilson) says how far another
 draw of those images could move it. With a handful of trials on a small data set, the samplers' bests are usually
-within noise of each other; where each one looked is what differs.
+within noise of each other; where each one looked is what differs. Pruners compared on the same random draws
+differ in what they stopped and when, so in the epochs they spent.
 """
 from __future__ import annotations
 
@@ -141,4 +143,32 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
         axes[0][0].set_xscale("log")
     if shown is not None and values:
         figure.colorbar(shown, ax=list(axes[0]), label="trial value (validation)")
+    return figure
+
+
+def pruned_figure(studies: dict):
+    """Each trial's reported value per epoch, one panel per study (the same draws under each pruner): a completed
+    trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it."""
+    _at_least_one(studies)
+    figure, axes = new_figure(1, len(studies), size=(4 * len(studies), 3.4), sharex=True, sharey=True)
+    for ax, (name, study) in zip(axes[0], studies.items()):
+        trials = study.get_trials(deepcopy=False)
+        for trial in trials:
+            steps = sorted(trial.intermediate_values)
+            if not steps:
+                continue
+            values = [trial.intermediate_values[s] for s in steps]
+            pruned = trial.state == TrialState.PRUNED
+            line, = ax.plot(steps, values, "--" if pruned else "-", marker="o", markersize=3)
+            if pruned:
+                ax.plot(steps[-1], values[-1], "x", color=line.get_color(), markersize=9, mew=2)
+            ax.annotate(f"{trial.number}", (steps[-1], values[-1]), xytext=(4, 0), textcoords="offset points",
+                        fontsize=7, color=line.get_color())
+        pruned = sum(t.state == TrialState.PRUNED for t in trials)
+        epochs = sum(len(t.intermediate_values) for t in trials)
+        ax.set(title=f"{name}: {pruned} of {len(trials)} pruned, {epochs} epochs run", xlabel="epoch")
+        if not any(t.intermediate_values for t in trials):
+            ax.text(0.5, 0.5, "no trial reported an epoch", transform=ax.transAxes, ha="center", fontsize=8)
+    axes[0][0].set_ylabel("validation (reported each epoch)")
+    axes[0][0].xaxis.get_major_locator().set_params(integer=True)
     return figure

@@ -15,7 +15,7 @@ from dlokit.analysis.profiler import TYPE_BYTES, collectives_in_trace
 
 from .day1 import AMP_DTYPES, PHASE_LABELS, amp, channels_last, completed, on_device, profiler, run_traces, tf32
 from .day2 import augmentation, bn_statistics, dataloader, ddp, sync_bn, unused_parameters
-from .day3 import compilation, hpo, lr_finder, optimizers, samplers, storage
+from .day3 import compilation, hpo, lr_finder, optimizers, pruners, samplers, storage
 from .glance import day_jobs
 from .day4 import context_parallel, fsdp_sharding, loss_match, oom_then_fit, pipeline_bubble, sharded_memory, tensor_parallel
 from .race import race
@@ -26,7 +26,7 @@ from .records import observed
 __all__ = [
     "AMP_DTYPES", "CHECKS", "CheckResult", "FAILED", "INFO", "MARKS", "MIME", "NOT_APPLICABLE",
     "NOT_APPLICABLE_PREFIX", "PASSED", "PHASE_LABELS", "Part", "RESULTS", "STATUSES", "TYPE_BYTES", "amp",
-    "augmentation", "channels_last", "day_jobs", "compilation", "hpo", "lr_finder", "optimizers", "samplers", "storage", "collectives_in_trace", "completed", "dataloader", "ddp", "observed",
+    "augmentation", "channels_last", "day_jobs", "compilation", "hpo", "lr_finder", "optimizers", "pruners", "samplers", "storage", "collectives_in_trace", "completed", "dataloader", "ddp", "observed",
     "on_device", "profiler", "race", "context_parallel", "fsdp_sharding", "loss_match", "oom_then_fit", "pipeline_bubble",
     "sharded_memory", "tensor_parallel", "results_in_notebook", "run_traces", "scoreboard", "show", "sync_bn", "bn_statistics", "unused_parameters", "tf32",
 ]
