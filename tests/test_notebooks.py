@@ -40,7 +40,7 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
              "SMALL_BATCH": 8, "LARGE_BATCH": 40, "OPTIMIZERS": ["sgd", "lamb"], "LR_FINDER_TRIALS": 4,
              "LR_FINDER_STEPS": 2,
              "COMPILE_PARTS": "function", "COMPILE_MODES": ["default"], "COMPILE_BATCH": 4, "COMPILE_STEPS": 3,
-             "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "PRUNE_EPOCHS": 2,
+             "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "PRUNE_TRIALS": 2, "PRUNE_EPOCHS": 2,
              "REFRESH_S": 1,
              "NICKNAME": "nbtest"}
 # TP4.1's layouts without fsdp-keep, and TP4.6 on those plus a pipeline: what each mode computes against one
