@@ -148,9 +148,10 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
 
 def pruned_figure(studies: dict):
     """Each trial's reported value per epoch, one panel per study (the same draws under each pruner): a completed
-    trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it."""
+    trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it; a trial has one
+    colour in every panel."""
     _at_least_one(studies)
-    figure, axes = new_figure(1, len(studies), size=(4 * len(studies), 3.4), sharex=True, sharey=True)
+    figure, axes = new_figure(1, len(studies), size=(5 * len(studies), 3.6), sharex=True, sharey=True)
     for ax, (name, study) in zip(axes[0], studies.items()):
         trials = study.get_trials(deepcopy=False)
         for trial in trials:
@@ -159,14 +160,16 @@ def pruned_figure(studies: dict):
                 continue
             values = [trial.intermediate_values[s] for s in steps]
             pruned = trial.state == TrialState.PRUNED
-            line, = ax.plot(steps, values, "--" if pruned else "-", marker="o", markersize=3)
+            colour = f"C{trial.number % 10}"
+            ax.plot(steps, values, "--" if pruned else "-", marker="o", markersize=3, color=colour)
             if pruned:
-                ax.plot(steps[-1], values[-1], "x", color=line.get_color(), markersize=9, mew=2)
+                ax.plot(steps[-1], values[-1], "x", color=colour, markersize=9, mew=2)
             ax.annotate(f"{trial.number}", (steps[-1], values[-1]), xytext=(4, 0), textcoords="offset points",
-                        fontsize=7, color=line.get_color())
+                        fontsize=7, color=colour)
         pruned = sum(t.state == TrialState.PRUNED for t in trials)
         epochs = sum(len(t.intermediate_values) for t in trials)
-        ax.set(title=f"{name}: {pruned} of {len(trials)} pruned, {epochs} epochs run", xlabel="epoch")
+        ax.set_title(f"{name}\n{pruned} of {len(trials)} trials pruned, {epochs} epochs run", fontsize=9)
+        ax.set_xlabel("epoch")
         if not any(t.intermediate_values for t in trials):
             ax.text(0.5, 0.5, "no trial reported an epoch", transform=ax.transAxes, ha="center", fontsize=8)
     axes[0][0].set_ylabel("validation (reported each epoch)")
