@@ -144,69 +144,63 @@ def _drawn(trials):
     return part("drawn", INFO, f"how the trials' options were chosen: {text}")
 
 
-@check("TP3.5 samplers side by side")
-def samplers(studies: dict):
-    """Each study ({sampler: study}, one space and one budget) passes TP3.5's search check, and a grid study never
-    tried one grid point twice; the best top-1s side by side, each with its interval, are reported, not judged: a
-    handful of trials cannot rank samplers."""
+def _side_by_side(studies: dict, headline: str, own_parts) -> object:
+    """What TP3.5's two comparisons judge alike: every study passes the search check, all ran the same number of
+    trials, and their best top-1s with their intervals are reported, not judged (a handful of trials cannot rank
+    them). `own_parts(table)` gives what one comparison judges besides (table: samplers.compare_studies)."""
     from dlokit.analysis.samplers import compare_studies
 
     results = {name: hpo.__wrapped__(study) for name, study in studies.items()}
     for name, result in results.items():
         if result.status == FAILED:
             return failed(f"study {name!r}: {result.message}", result.details)
-    parts = []
-    for name, study in studies.items():
-        points = [tuple(sorted(t.params.items())) for t in study.trials if t.params]
-        if type(study.sampler).__name__ == "GridSampler":
-            parts.append(part(f"{name} points", PASSED if len(set(points)) == len(points) else FAILED,
-                              f"{len(set(points))} distinct grid points over {len(points)} trials"))
     table = compare_studies(studies)
     trials = set(table["trials"])
-    parts.append(part("budget", PASSED if len(trials) == 1 else FAILED,
-                      f"{', '.join(f'{r.study} {r.trials}' for r in table.itertuples())} trials: "
-                      + ("the same budget" if len(trials) == 1 else "not the same budget: give each study n_trials")))
+    budget = part("budget", PASSED if len(trials) == 1 else FAILED,
+                  f"{', '.join(f'{r.study} {r.trials}' for r in table.itertuples())} trials: "
+                  + ("the same budget" if len(trials) == 1 else "not the same budget: give each study n_trials"))
     best = "; ".join(f"{r.study} {r.best_top1:.3f} [{r.top1_low:.3f}–{r.top1_high:.3f}] ({r.verdict})"
                      for r in table.itertuples() if pd.notna(r.best_top1))
-    parts.append(part("best top-1", INFO, best or "no best trial with a validation"))
-    return from_parts(parts, f"{len(studies)} samplers on one budget, each searched",
-                      [line for name, r in results.items() for line in [f"{name}: {r.message}", *r.details]])
+    return from_parts([*own_parts(table), budget, part("best top-1", INFO, best or "no best trial with a validation")],
+                      headline, [line for name, r in results.items() for line in [f"{name}: {r.message}", *r.details]])
+
+
+@check("TP3.5 samplers side by side")
+def samplers(studies: dict):
+    """Each study ({sampler: study}, one space and one budget) searched, on the same budget, and a grid study never
+    tried one grid point twice."""
+    def grid_points(table):
+        for name, study in studies.items():
+            points = [tuple(sorted(t.params.items())) for t in study.trials if t.params]
+            if type(study.sampler).__name__ == "GridSampler":
+                yield part(f"{name} points", PASSED if len(set(points)) == len(points) else FAILED,
+                           f"{len(set(points))} distinct grid points over {len(points)} trials")
+
+    return _side_by_side(studies, f"{len(studies)} samplers on one budget, each searched", grid_points)
 
 
 @check("TP3.5 pruners side by side")
 def pruners(studies: dict):
-    """Each study ({pruner name: study}, one sampler's seed, one space and one budget) passes TP3.5's search check,
-    under pruners of different kinds, and drew the same options in the same order (so that only the pruner
-    differs); what each pruner stopped, the epochs it spent and the best top-1s are reported, not judged."""
-    from dlokit.analysis.samplers import compare_studies
+    """Each study ({pruner name: study}, one sampler's seed, one space and one budget) searched, under pruners of
+    different kinds, and drew the same options in the same order (so that only the pruner differs); what each
+    pruner stopped and the epochs it spent are reported."""
+    def pruning(table):
+        kinds = {name: type(study.pruner).__name__ for name, study in studies.items()}
+        distinct = len(set(kinds.values())) == len(kinds)
+        yield part("pruners", PASSED if distinct else FAILED,
+                   ", ".join(f"{name}: {kind}" for name, kind in kinds.items())
+                   + ("" if distinct else ": two studies under one kind of pruner"))
+        draws = {name: [tuple(sorted(t.params.items())) for t in study.trials] for name, study in studies.items()}
+        shortest = min(len(d) for d in draws.values())
+        same = len({tuple(d[:shortest]) for d in draws.values()}) == 1
+        yield part("same draws", PASSED if same else INFO,
+                   f"the first {shortest} trials drew the same options in every study" if same else
+                   "the studies drew different options (a study resumed after a stop draws on from its seed): "
+                   "the comparison mixes the pruners' effect with the draws'")
+        yield part("stopped", INFO, "; ".join(f"{r.study}: {r.pruned} of {r.trials} pruned, {r.epochs_run} epochs run"
+                                              for r in table.itertuples()))
 
-    results = {name: hpo.__wrapped__(study) for name, study in studies.items()}
-    for name, result in results.items():
-        if result.status == FAILED:
-            return failed(f"study {name!r}: {result.message}", result.details)
-    kinds = {name: type(study.pruner).__name__ for name, study in studies.items()}
-    parts = [part("pruners", PASSED if len(set(kinds.values())) == len(kinds) else FAILED,
-                  ", ".join(f"{name}: {kind}" for name, kind in kinds.items())
-                  + ("" if len(set(kinds.values())) == len(kinds) else ": two studies under one kind of pruner"))]
-    draws = {name: [tuple(sorted(t.params.items())) for t in study.trials] for name, study in studies.items()}
-    shortest = min(len(d) for d in draws.values())
-    same = len({tuple(d[:shortest]) for d in draws.values()}) == 1
-    parts.append(part("same draws", PASSED if same else INFO,
-                      f"the first {shortest} trials drew the same options in every study" if same else
-                      "the studies drew different options (a study resumed after a stop draws on from its seed): "
-                      "the comparison mixes the pruners' effect with the draws'"))
-    table = compare_studies(studies)
-    trials = set(table["trials"])
-    parts.append(part("budget", PASSED if len(trials) == 1 else FAILED,
-                      f"{', '.join(f'{r.study} {r.trials}' for r in table.itertuples())} trials: "
-                      + ("the same budget" if len(trials) == 1 else "not the same budget: give each study n_trials")))
-    parts.append(part("stopped", INFO, "; ".join(f"{r.study}: {r.pruned} of {r.trials} pruned, {r.epochs_run} epochs "
-                                                  "run" for r in table.itertuples())))
-    best = "; ".join(f"{r.study} {r.best_top1:.3f} [{r.top1_low:.3f}–{r.top1_high:.3f}] ({r.verdict})"
-                     for r in table.itertuples() if pd.notna(r.best_top1))
-    parts.append(part("best top-1", INFO, best or "no best trial with a validation"))
-    return from_parts(parts, f"{len(studies)} pruners on the same draws and budget",
-                      [line for name, r in results.items() for line in [f"{name}: {r.message}", *r.details]])
+    return _side_by_side(studies, f"{len(studies)} pruners on the same draws and budget", pruning)
 
 
 @check("TP3.3 compilation")
