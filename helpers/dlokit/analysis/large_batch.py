@@ -1,6 +1,6 @@
 """Day 3 views: top-1 per optimiser × batch beside the course's published accuracies, and the LR range test.
 
-    optimizer_table(job_ids)      # one row per training: optimiser, global batch, peak lr, warm-up, top-1
+    optimizer_table(job_ids)      # one row per training: optimiser, global batch, peak lr, warm-up, val loss, top-1
     optimizer_plot(job_ids)       # grouped bars, ours beside DLO-JZ's (GPU, CIFAR-10, 30 / 75 epochs)
     large_batch_lesson(job_ids)   # does this run show the lesson? validation losses, the interval of their difference
     lr_finder_plot(job_ids)       # loss reached per learning rate, per optimiser and batch, suggestions marked
@@ -25,11 +25,13 @@ PUBLISHED_SOURCE = "DLO-JZ Day 3, ResNet-18 on CIFAR-10, GPUs: batch 256 for 30 
 
 
 def optimizer_table(job_ids, runs_dir=None) -> pd.DataFrame:
-    """One row per run: what it trained with and the top-1 it reached; published figures beside."""
+    """One row per run: what it trained with and the validation loss and top-1 it ended at; published figures
+    beside."""
     rows = []
     for run in load_runs(job_ids, runs_dir):
         config, vals = run.config, run.lines("val")
         top1 = pd.to_numeric(vals.get("val_acc", pd.Series(dtype=float)), errors="coerce").dropna()
+        loss = pd.to_numeric(vals.get("val_loss", pd.Series(dtype=float)), errors="coerce").dropna()
         name = config.get("optimizer")
         global_batch = config.get("global_batch_size")
         rows.append({"run_id": run.run_id, "state": run.state, "optimizer": name,
@@ -37,7 +39,8 @@ def optimizer_table(job_ids, runs_dir=None) -> pd.DataFrame:
                      "global_batch": global_batch, "lr_scaling": config.get("lr_scaling"),
                      "lr_peak": as_number(config.get("lr_peak")), "warmup_steps": config.get("warmup_steps"),
                      "schedule": config.get("lr_schedule"), "epochs": config.get("epochs"),
-                     "steps": run.summary.get("steps"), "top1": float(top1.iloc[-1]) if len(top1) else None,
+                     "steps": run.summary.get("steps"), "val_loss": float(loss.iloc[-1]) if len(loss) else None,
+                     "top1": float(top1.iloc[-1]) if len(top1) else None,
                      "best_top1": float(top1.max()) if len(top1) else None})
     table = pd.DataFrame(rows)
     if table.empty:
