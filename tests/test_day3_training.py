@@ -361,3 +361,11 @@ def test_the_large_batch_lesson_is_read_from_the_interval_of_the_loss_difference
            lesson_run(tmp_path, "old-lamb", "lamb", 2.0, None)]
     shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
     assert shown["outcome"] is None and "no spread of the validation loss" in shown["text"]
+
+
+@pytest.mark.parametrize("count", [0, -3, 2.5, "40", True])
+def test_a_bad_validation_size_is_refused_before_anything_is_generated(count):
+    from dlokit.submission.day import synthetic_data
+
+    with pytest.raises(ValueError, match="VAL_PER_CLASS"):
+        synthetic_data(40, 32, hard=True, val_per_class=count)

@@ -152,6 +152,10 @@ def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, har
     source_size = image_size if hard else max(64, image_size * 5 // 4)  # ImageNet-like: a little larger than the crop
     kind = "hard" if hard else "shapes"
     default_val = max(4, train_per_class // 5)
+    if val_per_class is not None and (isinstance(val_per_class, bool) or not isinstance(val_per_class, int)
+                                      or val_per_class < 1):
+        raise ValueError(f"val_per_class {val_per_class!r} (VAL_PER_CLASS): a whole number of at least 1, the "
+                         "validation images of each class; None: a fifth of train_per_class")
     val_per_class = default_val if val_per_class is None else val_per_class
     suffix = "" if val_per_class == default_val else f"-val{val_per_class}"
     folder = REPO / "data" / "generated" / f"{kind}-{train_per_class}x{classes}-{source_size}px{suffix}"
