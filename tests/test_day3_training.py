@@ -369,3 +369,22 @@ def test_a_bad_validation_size_is_refused_before_anything_is_generated(count):
 
     with pytest.raises(ValueError, match="VAL_PER_CLASS"):
         synthetic_data(40, 32, hard=True, val_per_class=count)
+
+
+def test_the_optimiser_plot_shows_each_top1_with_its_interval_and_the_published_batches(tmp_path):
+    from matplotlib.container import ErrorbarContainer
+
+    from dlokit.analysis import large_batch
+
+    ids = [lesson_run(tmp_path, "small", "sgd", 2.0, 0.5, tuned=False),
+           lesson_run(tmp_path, "big", "lamb", 2.0, 0.5)]
+    config = tmp_path / "small" / "rank0" / "run.json"  # the reference at the small batch
+    config.write_text(config.read_text().replace('"global_batch_size": 150', '"global_batch_size": 16'))
+    ax = large_batch.optimizer_plot(ids, runs_dir=tmp_path).axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    wilson = large_batch.top1_estimate("big", runs_dir=tmp_path)  # 100 of 400 images: 0.25 [0.21-0.29]
+    segments = [s for c in bars for s in c.lines[2][0].get_segments()]
+    assert len(segments) == 2 and any(abs(s[0][1] - wilson.low) < 1e-9 and abs(s[1][1] - wilson.high) < 1e-9
+                                      for s in segments)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "DLO-JZ, global batch 8192" in labels and "ours, global batch 150" in labels

@@ -22,6 +22,7 @@ from dlokit.analysis.table import as_number
 PUBLISHED_TOP1 = {"sgd": (0.784, 0.746), "adamw": (0.832, 0.845), "lamb": (0.777, 0.850), "lars": (0.852, 0.814),
                   "lion": (0.842, 0.798)}
 PUBLISHED_SOURCE = "DLO-JZ Day 3, ResNet-18 on CIFAR-10, GPUs: batch 256 for 30 epochs / 8192 for 75 epochs"
+PUBLISHED_BATCHES = (256, 8192)  # the batches of PUBLISHED_TOP1's two figures
 
 
 def optimizer_table(job_ids, runs_dir=None) -> pd.DataFrame:
@@ -55,33 +56,42 @@ def optimizer_table(job_ids, runs_dir=None) -> pd.DataFrame:
 
 
 def optimizer_plot(job_ids, runs_dir=None):
-    """Top-1 per optimiser, one bar per global batch (ours, solid) beside the published one (hatched)."""
+    """Top-1 per optimiser, one bar per global batch (ours, solid, with its 95 % interval) beside the published one
+    (hatched, at the course's own batch)."""
     table = optimizer_table(job_ids, runs_dir)
     if table.empty or table["top1"].isna().all():
         return message_figure(["no completed training with validation among these runs"], title="optimisers")
     figure, axes = new_figure(1, 1, size=(9, 4))
     ax = axes[0][0]
-    table = table.assign(label=_bar_labels(table))
+    intervals = [top1_estimate(run_id, runs_dir) for run_id in table["run_id"]]
+    table = table.assign(label=_bar_labels(table), top1_low=[e.low for e in intervals],
+                         top1_high=[e.high for e in intervals])
     table.loc[table["label"] != table["optimizer"], "published_top1"] = None  # DLO-JZ's figures are tuned runs
     optimizers = list(dict.fromkeys(table["label"]))
     batches = sorted(table["global_batch"].dropna().unique())
     width = 0.8 / (2 * len(batches))
     for b_index, batch in enumerate(batches):
         for kind, column, hatch in (("ours", "top1", None), ("DLO-JZ", "published_top1", "//")):
-            xs, ys = [], []
+            xs, ys, spans = [], [], []
             for o_index, name in enumerate(optimizers):
                 row = table[(table["label"] == name) & (table["global_batch"] == batch)]
                 value = as_number(row[column].iloc[-1]) if len(row) else None
                 if value is not None:
                     xs.append(o_index + (2 * b_index + (kind != "ours")) * width - 0.4 + width / 2)
                     ys.append(value)
+                    low, high = (as_number(row["top1_low"].iloc[-1]), as_number(row["top1_high"].iloc[-1]))
+                    spans.append((value - low, high - value) if kind == "ours" and None not in (low, high)
+                                 else (0.0, 0.0))
             if xs:
+                published = PUBLISHED_BATCHES[min(b_index, len(PUBLISHED_BATCHES) - 1)]
                 ax.bar(xs, ys, width, color=f"C{b_index}", alpha=1.0 if kind == "ours" else 0.35, hatch=hatch,
-                       label=f"{kind}, global batch {int(batch)}")
+                       yerr=list(zip(*spans)) if kind == "ours" else None, capsize=3,
+                       label=f"ours, global batch {int(batch)}" if kind == "ours" else
+                       f"DLO-JZ, global batch {published}")
     ax.set_xticks(range(len(optimizers)), optimizers)
     ax.set(ylabel="validation top-1", ylim=(0, 1), title="top-1 per optimiser and batch (same epochs)")
     ax.legend(fontsize=7, ncol=2)
-    notes = [f"hatched: {PUBLISHED_SOURCE} (not ours)"]
+    notes = [f"hatched: {PUBLISHED_SOURCE} (not ours)", "error bars: 95 % interval of our top-1 over the validation images"]
     notes += [f"{r.run_id}: {r.state}" for r in table.itertuples() if r.state != "completed"]
     add_notes(figure, notes)
     return figure
