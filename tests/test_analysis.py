@@ -333,6 +333,24 @@ def test_an_unreadable_run_is_a_row_of_the_scaling_table_not_a_refusal(tmp_path)
     assert "run 513: unreadable" in figure_texts(analysis.scaling_plot(["511", "512", "513"], tmp_path))
 
 
+def test_a_timed_run_that_met_epoch_ends_says_so_in_the_scaling_table(tmp_path):
+    # Day 2's first data set: 320 images, batch 64 per rank, 10 timed steps: 1 rank went through 2 epochs, 2 ranks
+    # through 4 (every rank reads 160 images an epoch), and each epoch's first batch waited for the loader
+    sharded = {**DDP_OBSERVED, "samples_per_rank_per_epoch": 160}
+    write_run(tmp_path, "521", world_size=1, steps=10, test=True, observed={"samples_per_rank_per_epoch": 320})
+    write_run(tmp_path, "522", world_size=2, steps=20, test=True, observed=sharded)
+    table = analysis.scaling_table(["521", "522"], tmp_path)
+    assert "ran over 2 epochs (320 images per rank each)" in table["note"].iloc[0]
+    assert "ran over 4 epochs (160 images per rank each)" in table["note"].iloc[1]
+    assert "larger data set (TRAIN_PER_CLASS)" in table["note"].iloc[1]
+    # the same runs within one epoch, or a real training (not a timed --test run): nothing to say
+    write_run(tmp_path, "523", world_size=1, steps=4, test=True)
+    write_run(tmp_path, "524", world_size=2, steps=4, test=True, observed=sharded)
+    write_run(tmp_path, "525", world_size=2, steps=20, observed=sharded)
+    assert analysis.scaling_table(["523", "524"], tmp_path)["note"].tolist() == ["", ""]
+    assert analysis.scaling_table(["523", "525"], tmp_path)["note"].tolist() == ["", ""]
+
+
 def test_efficiency_above_100_percent_always_has_its_reason(tmp_path):
     baseline_slot, other = (10_000, 10_100), (10_050, 10_150)
     write_run(tmp_path, "601", world_size=1, t_data=0.0, t_step=0.10, interval=baseline_slot)

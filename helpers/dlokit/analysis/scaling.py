@@ -70,6 +70,23 @@ def _above_ideal_reason(row, base, kind: str) -> str:
             "runs_table and its load average in run.json 'measurement'); run both again")
 
 
+def epochs_crossed(runs: list[Run]) -> int:
+    """The most epochs of the data set one of these timed runs went through (0: none recorded)."""
+    return max((int(run.summary.get("epochs") or 0) for run in runs if run.config.get("test")), default=0)
+
+
+def _epoch_note(group: list[Run]) -> str:
+    """A timed run that met epoch ends measured the data loader's restarts too: each epoch's first batch waits for
+    the workers to start reading again, and N ranks, each with 1/N of the images, meet that N times as often."""
+    epochs = epochs_crossed(group)
+    if epochs <= 1:
+        return ""
+    per_rank = max(((run.info.get("observed") or {}).get("samples_per_rank_per_epoch") or 0) for run in group)
+    return (f"its timed steps ran over {epochs} epochs ({per_rank} images per rank each): the loader's restart "
+            "at every epoch is in its speed, met more often the more ranks share the data; a larger data set "
+            "(TRAIN_PER_CLASS) keeps a timed run in one epoch")
+
+
 def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.DataFrame:
     """Throughput per world size (every run of that size: repeats of one command), and the speed-up and
     efficiency relative to the smallest world size, each with its 95 % interval (dlokit.analysis.stats: the run
@@ -122,6 +139,9 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
             note.append(f"overlapped run(s) {row.overlapped_by}: not a valid measurement")
         if busy(row.foreign_cpu):
             note.append(f"other work kept {100 * row.foreign_cpu:.0f} % of its cores busy: not a valid measurement")
+        epoch_note = _epoch_note(groups[row.world_size])
+        if epoch_note:
+            note.append(epoch_note)
         notes.append("; ".join(note))
     out["note"] = notes
     out.attrs["kind"] = kind
