@@ -70,7 +70,8 @@ def main() -> None:
         argv = [str(SCRIPT), "--data", str(data), "--model", "mobilenet_v3_small", "--image-size", "32",
                 "--batch-size", "8", "--test", "--test-nsteps", "4", "--num-workers", "0"]
         env = {**os.environ, "DLOKIT_RUNS_DIR": str(Path(tmp) / "runs"), "OMP_NUM_THREADS": "1",
-               "XDG_RUNTIME_DIR": tmp, "PYTHONPATH": str(REPO / "helpers")}
+               "XDG_RUNTIME_DIR": tmp,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "helpers"), os.environ.get("PYTHONPATH")]))}
         cold, warm = {**env, warm_start.SWITCH: "0"}, {**env, warm_start.SWITCH: "1"}
         started = time.perf_counter()
         timed(argv, warm, Path(tmp))  # starts this bench's own server

@@ -159,3 +159,30 @@ def test_a_ranks_forkserver_is_forked_by_the_server_and_its_workers_run(warm):
     parents, rank = out.stdout.split("]")
     forkserver, above = json.loads(parents + "]")
     assert above == server_pid(warm) and int(rank) != forkserver  # the worker's forkserver came from the server
+
+
+def test_a_server_whose_imports_load_the_cuda_driver_serves_nobody(warm, monkeypatch):
+    # torch loads libcuda.so lazily, at its first CUDA call; were an import to load it, a forked script could not use
+    # CUDA. A library named like the driver, loaded as the server's interpreter starts, stands in for such an import.
+    driver = warm / "lib" / "libcuda.so.1"
+    driver.parent.mkdir()
+    driver.write_bytes(Path("/lib/x86_64-linux-gnu/libz.so.1").read_bytes())
+    (warm / "lib" / "sitecustomize.py").write_text(f"import ctypes\nctypes.CDLL({str(driver)!r})\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(warm / "lib"), os.environ.get("PYTHONPATH", "")]))
+    for _ in range(2):  # the first client starts the server, which ends; the next one does not wait for it
+        process = client(warm, 0)
+        seen, _, code = ran(process)
+        assert code == 0 and seen["pid"] == process.pid  # cold: the client became the script
+    notes = list(Path(os.environ["XDG_RUNTIME_DIR"], "dlokit-warm").glob("*.cold"))
+    assert len(notes) == 1 and str(driver) in notes[0].read_text()
+    assert server_pid(warm) is None
+
+
+def test_the_cuda_driver_is_found_among_a_process_maps():
+    line = "7f00-7f10 r-xp 00000000 fd:01 123 {}"
+    assert warm_start.cuda_driver_loaded("\n".join([line.format("/usr/lib/x86_64-linux-gnu/libcudart.so.12"),
+                                                    line.format("/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"),
+                                                    "7f20-7f30 rw-p 00000000 00:00 0"])) \
+        == "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"
+    assert warm_start.cuda_driver_loaded(line.format("/opt/torch/lib/libtorch_cuda.so")) == ""
+    assert warm_start.cuda_driver_loaded() == ""  # this test's process never touched CUDA

@@ -14,8 +14,11 @@ client's stdin, stdout and stderr, working directory, environment, cores and mem
 ends with the script's exit status, and writes the script's peak memory to --usage. The script dies with its
 client (a job killed whole kills its script). The launcher finds the script through `adopted()`.
 
-Cold, as before (the client execs `python -u script`, under the memory limit): with DLOKIT_WARM_START=0, on a
-machine with NVIDIA GPUs (CUDA must never be initialised before a fork), or when no server can be had.
+Cold, as before (the client execs `python -u script`, under the memory limit): with DLOKIT_WARM_START=0, or when no
+server can be had. On a machine with NVIDIA GPUs the server serves only while CUDA is not initialised in it: a
+process forked after cuInit cannot use CUDA. torch initialises it lazily, at the first CUDA call, not on import
+(some builds map the driver library as they import; that alone is harmless). Should an import initialise it, the
+server writes `<key>.cold` and ends, and every client of that key starts cold.
 Slurm jobs never come here: a process forked outside the job would escape its cgroup.
 
 Standard library only: the client runs before anything else is imported.
@@ -83,7 +86,43 @@ def _server_environment(environ: dict) -> dict:
 
 
 def allowed(environ: dict) -> bool:
-    return environ.get(SWITCH, "1") != "0" and not os.path.exists("/dev/nvidiactl")
+    return environ.get(SWITCH, "1") != "0"
+
+
+def cuda_driver_loaded(maps: str | None = None) -> str:
+    """The CUDA driver library mapped into this process (its path), or "". maps: /proc/self/maps's text (read when
+    None)."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as handle:
+                maps = handle.read()
+        except OSError:
+            return ""
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
+        if os.path.basename(path).startswith("libcuda.so"):
+            return path
+    return ""
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def cuda_initialised() -> str:
+    """The CUDA driver's path if it is loaded in this process and initialised (cuInit called: a forked child could not
+    use CUDA), else "". Loaded is not initialised: some torch builds map the driver as they import. The driver's
+    cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED before cuInit, without initialising it."""
+    import ctypes
+
+    driver = cuda_driver_loaded()
+    if not driver:
+        return ""
+    try:
+        current = ctypes.c_void_p()
+        code = ctypes.CDLL(driver).cuCtxGetCurrent(ctypes.byref(current))  # mapped already: no second copy
+    except (OSError, AttributeError):
+        return driver  # cannot tell: as if initialised
+    return "" if code == CUDA_ERROR_NOT_INITIALIZED else driver
 
 
 def adopted(pid: int, folder: str | None = None):
@@ -193,7 +232,9 @@ def _server(key: str) -> socket.socket | None:
     import fcntl
 
     folder = runtime_dir()
-    path = os.path.join(folder, f"{key}.sock")
+    path, cold = os.path.join(folder, f"{key}.sock"), os.path.join(folder, f"{key}.cold")
+    if os.path.exists(cold):  # this key's imports load the CUDA driver: no fork is safe
+        return None
     sock = _connect(path)
     if sock:
         return sock
@@ -210,7 +251,7 @@ def _server(key: str) -> socket.socket | None:
                            stdout=log, stderr=log, cwd="/", start_new_session=True, check=True,
                            env=_server_environment(os.environ))
         deadline = time.time() + READY_S
-        while time.time() < deadline:
+        while time.time() < deadline and not os.path.exists(cold):
             sock = _connect(path)
             if sock:
                 return sock
@@ -341,6 +382,13 @@ def serve(key: str):
     # those objects and copy its page from this server's memory (hundreds of MB, mid-run, inside a measured step).
     gc.collect()
     gc.freeze()
+    driver = cuda_initialised()
+    if driver:
+        with open(os.path.join(runtime_dir(), f"{key}.cold"), "w") as note:
+            note.write(f"importing {', '.join(PRELOAD)} initialised {driver}: a forked script could not use CUDA\n")
+        print(f"{time.strftime('%H:%M:%S')} not serving: {driver} is initialised; every script of this key starts cold",
+              flush=True)
+        os._exit(0)
     return _Server(key).run()
 
 
