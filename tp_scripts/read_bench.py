@@ -12,7 +12,9 @@ only reading and decoding is timed):
                 each worker its own shards: webdataset_stream.py)
     raw         copy S x S x 3 bytes out of a memory-mapped array          (random order)
 
-The first batch (starting the workers, opening files) is timed apart from the rest. `mb_per_s` counts the
+The first batch (starting the workers, opening files) is timed apart from the rest. Each format x workers is
+measured --repeats times, the rounds interleaved (every measurement once, then again), so that a drift of the
+machine hits all of them alike and each speed gets an interval from its repeats (dlokit.analysis.read_table). `mb_per_s` counts the
 bytes each format stores for the images read: the JPEG file, the sample's share of its tar shard (headers
 included), or the S x S x 3 raw pixels. By default each format's files are evicted from the page cache before
 its measurement (posix_fadvise DONTNEED: a cold read, where the file system honours it), so the bytes come
@@ -51,15 +53,17 @@ def main(argv=None) -> int:
     print(f"run {record.run_id} | {args.data} ({args.split}, {manifest['image_size']} px) | batch {args.batch_size} "
           f"x {args.batches} | {'warm' if args.warm_cache else 'cold'} page cache", flush=True)
     results = []
-    for data_format, workers in itertools.product(args.formats, args.workers):
+    for repeat, (data_format, workers) in itertools.product(range(args.repeats),
+                                                            itertools.product(args.formats, args.workers)):
         if not args.warm_cache:
             evict_from_page_cache(format_files(args.data, manifest, data_format, args.split))
-        line = {"format": data_format, "num_workers": workers, "batch_size": args.batch_size,
+        line = {"format": data_format, "num_workers": workers, "repeat": repeat, "batch_size": args.batch_size,
                 "cache": "warm" if args.warm_cache else "cold", **read(args, manifest, data_format, workers)}
         record.log("read_result", **line)
         results.append(line)
-        print(f"{data_format:10s} {workers:2d} workers | {line['images_per_s']:9.1f} img/s | {line['mb_per_s']:8.2f} MB/s"
-              f" | first batch {line['t_first_batch']:.3f} s | {line['images']} images", flush=True)
+        print(f"{data_format:10s} {workers:2d} workers | round {repeat + 1} | {line['images_per_s']:9.1f} img/s | "
+              f"{line['mb_per_s']:8.2f} MB/s | first batch {line['t_first_batch']:.3f} s | {line['images']} images",
+              flush=True)
     record.finish(results=results)
     return 0
 
@@ -73,6 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="images per batch")
     p.add_argument("--batches", type=int, default=20, help="batches read per measurement (fewer if the split ends)")
     p.add_argument("--split", choices=("train", "val"), default="train", help="which split to read")
+    p.add_argument("--repeats", type=int, default=3, help="measurements of each format x workers, interleaved")
     p.add_argument("--warm-cache", action="store_true", help="do not evict the files from the page cache first")
     p.add_argument("--seed", type=int, default=0, help="reading order")
     p.add_argument("--runs-dir", default=None, help="where run records go [default: $DLOKIT_RUNS_DIR or ./runs]")
@@ -86,8 +91,8 @@ def parse_args(argv=None):
         p.error(f"--workers {args.workers}: whole numbers, comma-separated")
     if not args.workers or min(args.workers) < 0:
         p.error("--workers: one or more counts, none negative")
-    if args.batch_size < 1 or args.batches < 1:
-        p.error("--batch-size and --batches must be at least 1")
+    if args.batch_size < 1 or args.batches < 1 or args.repeats < 1:
+        p.error("--batch-size, --batches and --repeats must be at least 1")
     if args.data is None:
         p.error("no data: pass --data, a folder made by data/convert_formats.py")
     try:

@@ -12,7 +12,8 @@ from dlokit.analysis.curves import epoch_times, training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
 from dlokit.analysis.figures import message_figure
-from dlokit.analysis.compile_storage import compile_plot, compile_table, control_flow_table, read_plot, read_table
+from dlokit.analysis.compile_storage import (compile_plot, compile_table, control_flow_table, fastest_read, read_plot,
+                                             read_table)
 from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plot, optimizer_table
 from dlokit.analysis.memory import (BatchScan, batch_scan, batch_speeds, chosen_batch, memory_fit, memory_table,
                                     memory_vs_batch, throughput_vs_batch)
@@ -37,5 +38,5 @@ __all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "Sca
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",
            "bubble_plot", "bubble_table", "bubble_trend", "compression_plot", "compression_table", "pipeline_events",
-           "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "control_flow_table", "bn_statistics_plot", "bn_statistics_table", "read_plot", "read_table",
+           "pipeline_timeline", "lr_finder_plot", "lr_trials", "optimizer_plot", "optimizer_table", "compile_plot", "compile_table", "control_flow_table", "bn_statistics_plot", "bn_statistics_table", "read_plot", "read_table", "fastest_read",
            "power_table", "power_vs_batch", "communication_timeline"]

@@ -1,7 +1,8 @@
 """Day 3 views of the compile benchmark (TP3.3) and the read benchmark of the storage formats (TP3.4).
 
     compile_table(job_id) / compile_plot(job_id)    # compile time apart from step time, per part and variant
-    read_table(job_id) / read_plot(job_id)          # images/s and MB/s per format and worker count
+    read_table(job_id) / read_plot(job_id)          # images/s (with its interval) and MB/s per format and workers
+    fastest_read(job_id)                            # the fastest, and whether its lead is beyond noise
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from dlokit.analysis.run import load_run
 
 COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup", "speedup_low", "speedup_high",
                    "max_abs_diff", "agrees", "compiled", "graphs", "graph_breaks", "cache", "ddp", "reason")
-READ_COLUMNS = ("format", "num_workers", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch", "pixel_sum")
+READ_LINE_COLUMNS = ("format", "num_workers", "repeat", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch",
+                     "pixel_sum")
+READ_COLUMNS = ("format", "num_workers", "cache", "images", "repeats", "images_per_s", "low", "high", "mb_per_s",
+                "t_first_batch", "pixel_sum")
 
 
 CONTROL_FLOW_COLUMNS = ("variant", "example_branch", "same_as_eager_on_example", "same_as_eager_on_other_branch")
@@ -99,19 +103,70 @@ def compile_plot(job_id, runs_dir=None):
 
 
 def read_table(job_id, runs_dir=None) -> pd.DataFrame:
-    """One row per storage format and DataLoader worker count."""
-    return _lines(job_id, "read_result", READ_COLUMNS, runs_dir)
+    """One row per storage format and DataLoader worker count: images/s over its repeats (read_bench.py --repeats),
+    with a 95 % interval (a t-interval on the logarithm of the repeats' speeds; none from a single measurement),
+    MB/s and the first batch's time (medians), and what it read (images, pixel sum)."""
+    lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
+    if lines.empty:
+        return pd.DataFrame(columns=READ_COLUMNS)
+    rows = []
+    for (data_format, workers), group in lines.groupby(["format", "num_workers"], sort=False):
+        speed = stats.estimate_of_samples([[value] for value in group["images_per_s"]])
+        usable = speed.usable and len(group) > 1
+        rows.append({"format": data_format, "num_workers": workers, "cache": group["cache"].iloc[0],
+                     "images": group["images"].iloc[0], "repeats": len(group), "images_per_s": speed.value,
+                     "low": speed.low if usable else float("nan"), "high": speed.high if usable else float("nan"),
+                     "mb_per_s": group["mb_per_s"].median(), "t_first_batch": group["t_first_batch"].median(),
+                     "pixel_sum": group["pixel_sum"].iloc[0]})
+    return pd.DataFrame(rows, columns=READ_COLUMNS)
+
+
+def fastest_read(job_id, runs_dir=None) -> str:
+    """Which format and worker count read fastest, and whether its lead over the next one is beyond noise: the ratio
+    of their speeds with its 95 % interval, from their repeats (dlokit.analysis.stats.ratio_of_samples)."""
+    lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
+    table = read_table(job_id, runs_dir).sort_values("images_per_s", ascending=False)
+    if table.empty:
+        return "nothing was read"
+    best = table.iloc[0]
+    said = f"{best['format']} with {best['num_workers']} workers ({best['images_per_s']:.0f} img/s"
+    said += f" [{best['low']:.0f}–{best['high']:.0f}])" if pd.notna(best["low"]) else ", one measurement)"
+    if len(table) == 1:
+        return said
+    second = table.iloc[1]
+
+    def speeds(row):
+        chosen = (lines["format"] == row["format"]) & (lines["num_workers"] == row["num_workers"])
+        return [[value] for value in lines.loc[chosen, "images_per_s"]]
+
+    lead = stats.ratio_of_samples(speeds(second), speeds(best))
+    other = f"{second['format']} with {second['num_workers']} workers"
+    if not lead.usable or lead.low == lead.high:
+        return f"{said}, then {other}: one measurement each, no interval to say whether the lead is real"
+    if lead.low > 1:
+        return f"{said}, ×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}] the next, {other}"
+    return (f"{said}, within noise of {other} (×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}]): "
+            "no single fastest here")
 
 
 def read_plot(job_id, runs_dir=None):
-    """images/s and MB/s read, per format, one bar per worker count."""
+    """images/s (with its 95 % interval) and MB/s read, per format, one bar per worker count; log scales, since the
+    formats differ by tens of times."""
     table = read_table(job_id, runs_dir)
     if table.empty:
         return message_figure([load_run(job_id, runs_dir).describe_state()], title="storage formats")
     figure, axes = new_figure(1, 2, size=(11, 3.8))
     for ax, column, label in ((axes[0][0], "images_per_s", "images/s"), (axes[0][1], "mb_per_s", "MB/s read from disk")):
-        wide = table.pivot_table(index="format", columns="num_workers", values=column)
-        wide.plot.bar(ax=ax, rot=0)
-        ax.set(ylabel=label, title=f"{label} per format", xlabel="")
+        wide = table.pivot_table(index="format", columns="num_workers", values=column, sort=False)
+        errors = None
+        if column == "images_per_s" and table["low"].notna().any():
+            below = table.assign(e=table["images_per_s"] - table["low"]).pivot_table(
+                index="format", columns="num_workers", values="e", sort=False)
+            above = table.assign(e=table["high"] - table["images_per_s"]).pivot_table(
+                index="format", columns="num_workers", values="e", sort=False)
+            errors = {workers: [below[workers].to_numpy(), above[workers].to_numpy()] for workers in wide.columns}
+        wide.plot.bar(ax=ax, rot=0, yerr=errors, capsize=3)
+        title = f"{label} per format" + (f" ({table['repeats'].max()} reads each, 95 % intervals)" if errors else "")
+        ax.set(ylabel=label, title=title, xlabel="", yscale="log")
         ax.legend(title="workers", fontsize=7)
     return figure

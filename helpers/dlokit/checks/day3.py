@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dlokit.analysis.compile_storage import fastest_read, read_table
 from dlokit.analysis.large_batch import range_tests
 
 from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
@@ -250,8 +251,9 @@ def storage(job_id):
     reads = run.lines("read_result")
     if reads.empty:
         return failed(f"run {run.run_id} recorded no read_result line: was it read_bench.py?")
-    details = [f"{r.format}, {r.num_workers} workers: {r.images} images, {r.images_per_s:.0f} img/s, pixel sum "
-               f"{r.pixel_sum}" for r in reads.itertuples()]
+    details = [f"{r.format}, {r.num_workers} workers: {r.images} images, {r.images_per_s:.0f} img/s"
+               + (f" [{r.low:.0f}–{r.high:.0f}] over {r.repeats} reads" if pd.notna(r.low) else "")
+               + f", pixel sum {r.pixel_sum}" for r in read_table(run.run_id, run.path.parent).itertuples()]
     formats = sorted(reads["format"].unique())
     for workers, group in reads.groupby("num_workers"):
         if group["pixel_sum"].nunique() > 1 or group["images"].nunique() > 1:
@@ -259,6 +261,5 @@ def storage(job_id):
                           f"({dict(zip(group['format'], group['pixel_sum']))}): read each format's whole split (a part "
                           "holds different images in each format's order); if they still differ, convert again "
                           "with data/convert_formats.py --force, then --verify", details)
-    fastest = reads.loc[reads["images_per_s"].idxmax()]
-    return passed(f"{', '.join(formats)} yield the same samples; fastest here: {fastest['format']} with "
-                  f"{fastest['num_workers']} workers ({fastest['images_per_s']:.0f} img/s)", details)
+    return passed(f"{', '.join(formats)} yield the same samples; fastest here: "
+                  f"{fastest_read(run.run_id, run.path.parent)}", details)
