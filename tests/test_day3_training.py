@@ -198,6 +198,8 @@ def test_lr_finder_run_records_its_trials_and_suggestion_per_optimizer(tmp_path)
 
     table = large_batch.lr_suggestions("lrf", runs_dir=tmp_path)
     assert table["optimizer"].tolist() == ["lamb", "sgd"]
+    assert large_batch.suggested_lrs("lrf", runs_dir=tmp_path) == {  # what TP3.2 trains each optimiser with
+        name: by_optimizer[name]["lr_finder_suggested_lr"] for name in ("lamb", "sgd")}
     assert table["suggested_lr"].tolist() == [by_optimizer[n]["lr_finder_suggested_lr"] for n in ("lamb", "sgd")]
     figure = large_batch.lr_finder_plot("lrf", runs_dir=tmp_path)
     assert [line.get_label().split(":")[0] for line in figure.axes[0].lines if line.get_marker() == "o"] == ["lamb", "sgd"]
@@ -361,6 +363,30 @@ def test_the_large_batch_lesson_is_read_from_the_interval_of_the_loss_difference
            lesson_run(tmp_path, "old-lamb", "lamb", 2.0, None)]
     shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
     assert shown["outcome"] is None and "no spread of the validation loss" in shown["text"]
+
+
+def test_each_optimiser_at_the_range_tests_lr_is_set_beside_its_tp31_training(tmp_path):
+    from dlokit.analysis import large_batch
+
+    tuned = [lesson_run(tmp_path, "sgd", "sgd", 2.2, 0.3), lesson_run(tmp_path, "lamb", "lamb", 2.0, 0.4)]
+    found = [lesson_run(tmp_path, "sgd-found", "sgd", 1.9, 0.3), lesson_run(tmp_path, "lamb-found", "lamb", 2.02, 0.4),
+             lesson_run(tmp_path, "lion-found", "lion", 2.1, 0.3), lesson_run(tmp_path, "old", "lamb", 2.0, None)]
+    table = large_batch.range_test_trainings(tuned, found, runs_dir=tmp_path).set_index("found_run")
+    assert table.loc["sgd-found", "said"] == "lower with the range test's lr"  # 0.3 lower, 400 images: beyond noise
+    assert table.loc["sgd-found", "loss_difference"] == pytest.approx(-0.3)
+    assert table.loc["sgd-found", "difference_high"] < 0 and table.loc["sgd-found", "tuned_run"] == "sgd"
+    assert table.loc["lamb-found", "said"] == "within noise"
+    assert table.loc["lamb-found", "difference_low"] < 0 < table.loc["lamb-found", "difference_high"]
+    assert table.loc["lion-found", "said"].startswith("no TP3.1 training of this optimiser")
+    assert table.loc["old", "said"].startswith("a training did not finish, or recorded no spread")
+    assert large_batch.lower_or_higher(stats_estimate(0.3, 0.25, 0.35)) == "lower by 0.300 [0.250–0.350]"
+    assert large_batch.lower_or_higher(stats_estimate(-0.3, -0.35, -0.25)) == "higher by 0.300 [0.250–0.350]"
+
+
+def stats_estimate(value, low, high):
+    from dlokit.analysis.stats import Estimate
+
+    return Estimate(value, low, high, 1, 400)
 
 
 @pytest.mark.parametrize("count", [0, -3, 2.5, "40", True])

@@ -134,6 +134,10 @@ def test_day3_keeps_an_optimiser_only_when_it_trained_above_sgd_beyond_noise(tmp
     kept, why = large_batch.kept_optimizer([sgd, close], [found], runs_dir=tmp_path)
     assert (kept["optimizer"], kept["lr"], kept["base_batch_size"]) == ("sgd", 0.3, 150)
     assert why.startswith("SGD at the range test's lr")
+    # every optimiser of TP3.2 trains at its range test's lr: the best above TP3.1's SGD is kept, whichever it is
+    found_lamb = trained(tmp_path, "found-lamb", "lamb", 75, 0.002, base_batch_size=150, lr_scaling="none")
+    kept, why = large_batch.kept_optimizer([sgd, lamb], [found, found_lamb], runs_dir=tmp_path)
+    assert (kept["optimizer"], kept["lr"]) == ("lamb", 0.002) and why.startswith("lamb at the range test's lr: top-1 0.750")
 
     unfinished = trained(tmp_path, "failed", "sgd", 0, 0.05)
     (tmp_path / unfinished / "rank0" / "metrics.jsonl").write_text("")  # no validation line

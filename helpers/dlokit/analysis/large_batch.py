@@ -5,6 +5,8 @@
     large_batch_lesson(job_ids)   # does this run show the lesson? validation losses, the interval of their difference
     lr_finder_plot(job_ids)       # loss reached per learning rate, per optimiser and batch, suggestions marked
     lr_suggestions(finder_jobs, trainings)  # the suggested lr per optimiser x batch, beside the lr a training used
+    range_test_trainings(tuned, found)      # each optimiser at the range test's lr against TP3.1's scaled lr
+    kept_optimizer(tuned, found)            # what Day 3 hands to the race
 """
 from __future__ import annotations
 
@@ -145,6 +147,44 @@ def lr_suggestions(finder_jobs, trainings=(), runs_dir=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def suggested_lrs(finder_job, runs_dir=None) -> dict:
+    """{optimiser: the learning rate its range test suggests} for one --lr-finder run; the optimisers whose test
+    suggested none (no descent, every trial diverged) are left out."""
+    found = range_tests(load_run(finder_job, runs_dir))
+    lrs = {name: as_number(test.get("lr_finder_suggested_lr")) for name, test in found.items()}
+    return {name: lr for name, lr in lrs.items() if lr}
+
+
+def range_test_trainings(tuned_jobs, found_jobs, runs_dir=None) -> pd.DataFrame:
+    """One row per optimiser trained at the range test's learning rate (`found_jobs`), beside TP3.1's training of
+    the same optimiser and batch at the learning rate scaled from the small batch (`tuned_jobs`): both peak lrs,
+    both validation losses and top-1s, and the difference of the losses (range test's minus TP3.1's) with Welch's
+    95 % interval, said in words: lower, higher or within noise."""
+    tuned = optimizer_table(list(tuned_jobs), runs_dir)
+    rows = []
+    for found in optimizer_table(list(found_jobs), runs_dir).itertuples():
+        same = tuned[(tuned["optimizer"] == found.optimizer) & (tuned["global_batch"] == found.global_batch)]
+        row = {"optimizer": found.optimizer, "global_batch": found.global_batch, "found_run": found.run_id,
+               "found_lr": found.lr_peak, "found_loss": found.val_loss, "found_top1": found.top1}
+        if same.empty:
+            rows.append({**row, "said": "no TP3.1 training of this optimiser at this batch to compare with"})
+            continue
+        base = same.iloc[0]
+        difference = stats.NO_ESTIMATE
+        samples = val_loss_sample(base["run_id"], runs_dir), val_loss_sample(found.run_id, runs_dir)
+        if None not in samples:
+            difference = stats.difference_of_means(*samples)
+        said = ("a training did not finish, or recorded no spread of its loss" if not difference.usable else
+                "lower with the range test's lr" if difference.high < 0 else
+                "higher with the range test's lr" if difference.low > 0 else "within noise")
+        rows.append({**row, "tuned_run": base["run_id"], "tuned_lr": base["lr_peak"], "tuned_loss": base["val_loss"],
+                     "tuned_top1": base["top1"], "loss_difference": difference.value, "difference_low": difference.low,
+                     "difference_high": difference.high, "said": said})
+    return pd.DataFrame(rows, columns=["optimizer", "global_batch", "tuned_lr", "found_lr", "tuned_loss", "found_loss",
+                                       "loss_difference", "difference_low", "difference_high", "said", "tuned_top1",
+                                       "found_top1", "tuned_run", "found_run"])
+
+
 def lr_finder_plot(job_ids, runs_dir=None):
     """One panel per --lr-finder run (one global batch each): per optimiser, the loss reached per learning rate
     (log scale), its suggestion marked; the trials' first losses in grey (flat when each restarted)."""
@@ -205,6 +245,14 @@ def val_loss_sample(job_id, runs_dir=None) -> tuple | None:
     return (float(last["val_loss"].iloc[-1]), float(last["val_loss_sd"].iloc[-1]), int(n)) if len(last) else None
 
 
+def lower_or_higher(gain: stats.Estimate) -> str:
+    """"lower by 0.41 [0.30–0.52]" or "higher by ...": a loss difference (the reference's minus this one's) and its
+    interval, in words."""
+    word, (value, low, high) = ("lower", (gain.value, gain.low, gain.high)) if gain.value >= 0 else \
+        ("higher", (-gain.value, -gain.high, -gain.low))
+    return f"{word} by {value:.3f} [{low:.3f}–{high:.3f}]"
+
+
 def large_batch_lesson(job_ids, runs_dir=None) -> dict:
     """Does this run show the large-batch lesson of the published table: at the largest batch, LAMB or LARS (the
     learning rate scaled, a warm-up) trained better than SGD run with the small batch's learning rate and no warm-up?
@@ -244,11 +292,7 @@ def large_batch_lesson(job_ids, runs_dir=None) -> dict:
 
     words = "; ".join(described(name, e) for name, e in others.items())
     gain = gains[best]
-
-    def by(g):  # "lower by 0.41 [0.30–0.52]" or "higher by ...": the size of SGD − it, and its interval
-        word, (value, low, high) = ("lower", (g.value, g.low, g.high)) if g.value >= 0 else \
-            ("higher", (-g.value, -g.high, -g.low))
-        return f"{word} by {value:.3f} [{low:.3f}–{high:.3f}]"
+    by = lower_or_higher
 
     if gain.low > 0:
         outcome, verdict = stats.AGREES, (f"{best.upper()}'s loss is {by(gain)}, an interval of the difference "
@@ -273,33 +317,33 @@ RACE_KEYS = ("optimizer", "lr", "base_batch_size", "lr_scaling", "warmup_epochs"
 def kept_optimizer(tuned_jobs, range_test_jobs=(), runs_dir=None) -> tuple[dict, str]:
     """What Day 3 hands to the race: the options of one large-batch training, and why.
 
-    `tuned_jobs` are TP3.1's tuned large-batch trainings, SGD's among them; `range_test_jobs` the SGD training at the
-    range test's learning rate (TP3.2). An optimiser is kept over SGD only when its top-1 interval lies above SGD's
-    entirely (their intervals do not overlap: a conservative test); SGD takes the range test's learning rate only on
-    the same condition. The options are those the kept run trained with (its lr, the batch that lr was set for, the
-    scaling rule to another batch, the warm-up, the schedule), so the race starts from what was measured."""
+    `tuned_jobs` are TP3.1's tuned large-batch trainings, SGD's among them; `range_test_jobs` TP3.2's trainings at
+    the range test's learning rates. A training is kept over TP3.1's SGD only when its top-1 interval lies above
+    SGD's entirely (their intervals do not overlap: a conservative test); among those, the highest top-1. The options
+    are those the kept run trained with (its lr, the batch that lr was set for, the scaling rule to another batch,
+    the warm-up, the schedule), so the race starts from what was measured."""
+    found_ids = set(range_test_jobs)
     runs = {run.run_id: run for run in load_runs(list(tuned_jobs) + list(range_test_jobs), runs_dir)}
     top1 = {run_id: top1_estimate(run_id, runs_dir) for run_id in runs}
-    sgd = next((r for r in runs.values() if r.config.get("optimizer") == "sgd" and r.run_id not in range_test_jobs),
-               None)
+    sgd = next((r for r in runs.values() if r.config.get("optimizer") == "sgd" and r.run_id not in found_ids), None)
     if sgd is None or not top1[sgd.run_id].usable:
         return {}, ("TP3.1's SGD training at the large batch did not finish: nothing kept, the race uses the "
                     "script's defaults")
-
-    def above_sgd(run_id):
-        return top1[run_id].usable and top1[run_id].low > top1[sgd.run_id].high
 
     def said(run_id):
         e = top1[run_id]
         return f"top-1 {e.value:.3f} [{e.low:.3f}–{e.high:.3f}]"
 
-    others = [r for r in runs.values() if r.run_id not in (sgd.run_id, *range_test_jobs) and above_sgd(r.run_id)]
-    if others:
-        best = max(others, key=lambda r: top1[r.run_id].value)
-        why = f"{best.config['optimizer']}: {said(best.run_id)}, above SGD's {said(sgd.run_id)} at the large batch"
+    above = [r for r in runs.values() if r.run_id != sgd.run_id and top1[r.run_id].usable
+             and top1[r.run_id].low > top1[sgd.run_id].high]
+    if not above:
+        return ({key: sgd.config[key] for key in RACE_KEYS if sgd.config.get(key) is not None},
+                f"SGD: no other optimiser or lr trained above its {said(sgd.run_id)} beyond noise")
+    best = max(above, key=lambda r: top1[r.run_id].value)
+    name = best.config["optimizer"]
+    if best.run_id in found_ids:
+        why = (f"{'SGD' if name == 'sgd' else name} at the range test's lr: {said(best.run_id)}, above SGD at its "
+               f"scaled lr ({said(sgd.run_id)})")
     else:
-        found = [r for r in runs.values() if r.run_id in range_test_jobs and above_sgd(r.run_id)]
-        best = found[0] if found else sgd
-        why = ("SGD at the range test's lr: " + said(best.run_id) + f", above SGD at its scaled lr ({said(sgd.run_id)})"
-               if found else f"SGD: no other optimiser or lr trained above its {said(sgd.run_id)} beyond noise")
+        why = f"{name}: {said(best.run_id)}, above SGD's {said(sgd.run_id)} at the large batch"
     return {key: best.config[key] for key in RACE_KEYS if best.config.get(key) is not None}, why
