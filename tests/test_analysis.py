@@ -617,3 +617,14 @@ def test_a_checks_line_shows_the_verdicts_ratio_with_its_interval(tmp_path):
     line = compare_text("compute throughput", other, base, "throughput_compute", "img/s")
     assert line.endswith(f"({stats.ratio(base, other, 'throughput_compute').text()})")  # the verdict's ×… [low–high]
     assert compare_text("host", other, base, "host_rss_peak_mb", "MiB") == "host: not measured"  # no peak recorded
+
+
+def test_the_allreduce_share_never_says_more_than_its_numbers():
+    # course run 2026-11-28: 61 ms exposed against 47 [23-74] ms lost read "about 100 % ... the rest is not waiting"
+    said = analysis.allreduce_share(61, (47, 23, 74), profiled_step_ms=289)
+    assert "accounts for all of the time lost per step, within noise" in said and "the rest" not in said
+    said = analysis.allreduce_share(10, (47, 23, 74))
+    assert said.startswith("so waiting for the all-reduce is about 21 % [14–43]") and "the rest, about 37 ms" in said
+    said = analysis.allreduce_share(90, (47, 23, 74), profiled_step_ms=289)
+    assert "upper bound" in said and "289 ms" in said and "%" not in said
+    assert "no loss to attribute" in analysis.allreduce_share(61, (5, -10, 20))

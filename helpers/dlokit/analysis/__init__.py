@@ -18,7 +18,8 @@ from dlokit.analysis.large_batch import lr_finder_plot, lr_trials, optimizer_plo
 from dlokit.analysis.memory import (BatchScan, batch_scan, batch_speeds, chosen_batch, memory_fit, memory_table,
                                     memory_vs_batch, throughput_vs_batch)
 from dlokit.analysis.power import power_table, power_vs_batch
-from dlokit.analysis.profiler import breakdown_pie, communication_per_step, profiler_breakdown, trace_files
+from dlokit.analysis.profiler import (allreduce_share, breakdown_pie, communication_per_step, profiler_breakdown,
+                                      trace_files)
 from dlokit.analysis.run import Run, list_run_ids, load_run, load_runs
 from dlokit.analysis.overlap import foreign_cpu_share, overlapping
 from dlokit.analysis.pipeline import bubble_plot, bubble_table, bubble_trend, pipeline_events, pipeline_timeline
@@ -33,7 +34,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "compare_runs", "config_value", "dashboard",
+__all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "allreduce_share", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",

@@ -286,6 +286,28 @@ def communication_per_step(path) -> dict:
             "comm_ms": sum(r[1] for r in rows) / n / 1e3, "exposed_ms": sum(r[2] for r in rows) / n / 1e3}
 
 
+def allreduce_share(exposed_ms: float, lost_ms: tuple[float, float, float], profiled_step_ms: float | None = None) -> str:
+    """How much of what an N-rank step lost against one rank (lost_ms: value, low, high of its 95 % interval, from
+    unprofiled runs) the all-reduce time no computation hid (exposed_ms, from a profiled run) accounts for, in words
+    that never say more than the numbers: a share when the exposed time is below the loss's interval, "all of it"
+    inside, and an upper bound above it (a profiled step is slower than an unprofiled one)."""
+    lost, low, high = lost_ms
+    if low <= 0:
+        return ("the N-rank step is within noise of one rank's here (the interval of its loss includes 0): no loss to "
+                "attribute to the all-reduce in these runs")
+    if exposed_ms < low:
+        return (f"so waiting for the all-reduce is about {100 * exposed_ms / lost:.0f} % "
+                f"[{100 * exposed_ms / high:.0f}–{100 * exposed_ms / low:.0f}] of the time lost per step; the rest, about "
+                f"{lost - exposed_ms:.0f} ms, is not waiting for a collective (the trace does not show what it is)")
+    if exposed_ms <= high:
+        return (f"so waiting for the all-reduce ({exposed_ms:.0f} ms, inside the loss's interval) accounts for all of "
+                "the time lost per step, within noise")
+    slower = f" (its steps took {profiled_step_ms:.0f} ms: the profiler slows them)" if profiled_step_ms else ""
+    return (f"the exposed all-reduce time ({exposed_ms:.0f} ms) is more than the whole loss [{low:.0f}–{high:.0f} ms]: "
+            f"it was measured in a profiled job{slower}, so it is an upper bound; the all-reduce can account for all of "
+            "the loss, and these runs cannot say whether anything else adds to it")
+
+
 def _main_thread(events):
     """The thread of the ProfilerStep spans: the training loop's."""
     steps = profiler_steps(events)
