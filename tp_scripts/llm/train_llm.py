@@ -223,7 +223,8 @@ def train_step(run, step: int, measure: bool):
     timer.split("data")
     inputs, targets = inputs.to(run.device, non_blocking=True), targets.to(run.device, non_blocking=True)
     timer.split("h2d")
-    memory = (MemoryMeter(parallel.modules, run.optimizer, run.device, fsdp=run.dims.fsdp,
+    # under --compile each block is one graph: no hook inside it may note FSDP's gathered weights
+    memory = (MemoryMeter(parallel.modules, run.optimizer, run.device, fsdp=run.dims.fsdp and not run.args.compile,
                           checkpointed=run.args.activation_checkpointing) if measure else None)
     collectives = CollectiveLog() if measure and not run.args.compile else nullcontext()
     with collectives:

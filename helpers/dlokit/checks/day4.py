@@ -96,6 +96,47 @@ def fsdp_sharding(fsdp_id, single_id):
     return from_parts([shard, same], f"FSDP2 on {fsdp.world_size} ranks: {shard.message}; {same.message}", details)
 
 
+@check("TP4.2 FSDP2 + compile")
+def fsdp_compile(eager_id, compiled_id, single_id):
+    """Observed: the compiled run compiled its blocks (its first step, which compiles, took longer than its steady
+    steps), still holds a shard of the weights per rank (against the single process's whole), and its loss follows
+    the eager FSDP2 run's step by step (compilation changes the rounding only)."""
+    from dlokit.analysis.llm_compile import compiled_vs_eager
+    from dlokit.analysis.loss_match import loss_match_table
+
+    runs, problem = _completed(list(ids(eager_id)) + list(ids(compiled_id)) + list(ids(single_id)))
+    if problem:
+        return problem
+    eager, compiled, single = runs
+    if not compiled.config.get("compile"):
+        return failed(f"run {compiled.run_id} was not started with --compile")
+    table = compiled_vs_eager(eager.run_id, compiled.run_id, eager.path.parent).set_index("compiled")
+    first, steady = table.loc[True, "first_step_s"], table.loc[True, "steady_step_ms"] / 1000
+    details = [f"{'compiled' if key else 'eager'} (run {row.run_id}): first step {row.first_step_s:.2f} s, steady "
+               f"{row.steady_step_ms:.1f} ms [{row.steady_low_ms:.1f}–{row.steady_high_ms:.1f}]"
+               for key, row in table.iterrows()]
+    paid = first is not None and steady > 0 and first > 2 * steady
+    compile_part = part("compiled", PASSED if paid else FAILED,
+                        f"its first step took {first:.2f} s, {first / steady:.0f}× a steady one: the compilation, "
+                        "timed apart" if paid else "its first step was no slower than the others: nothing compiled")
+    whole = float((_memory(single) or {}).get("params") or 0)
+    held = [float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
+            for r in compiled.ranks.values()]
+    sharded = bool(whole) and all(0 < value / whole < SHARDED for value in held)
+    shard = part("sharding", PASSED if sharded else FAILED,
+                 f"each rank holds {', '.join(f'{value / whole:.2f}' for value in held)} of the weights" if whole else
+                 "the single process recorded no memory_bytes")
+    if whole and not sharded:
+        shard = part("sharding", FAILED, f"{shard.message} — every rank keeps the whole model: {FSDP_TODO}")
+    match = loss_match_table([compiled], eager).iloc[0]
+    gap = "no step in common" if pd.isna(match.max_abs_dloss) else f"max |Δ| {match.max_abs_dloss:.3g}"
+    same = part("loss", PASSED if match.matched else FAILED,
+                f"the loss follows the eager FSDP2 run's over {match.steps_compared} steps ({gap})" if match.matched
+                else f"the loss leaves the eager FSDP2 run's ({gap})")
+    return from_parts([compile_part, shard, same],
+                      f"FSDP2 + compile: {compile_part.message}; {shard.message}; {same.message}", details)
+
+
 @check("TP4.2 DDP out of memory, FSDP fits")
 def oom_then_fit(ddp_id, fsdp_id):
     """Under the same memory limit the DDP job ran out of memory (recorded as such) and the FSDP job completed."""
