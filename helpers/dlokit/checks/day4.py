@@ -134,7 +134,7 @@ def fsdp_compile(eager_id, compiled_id, single_id):
                 f"the loss follows the eager FSDP2 run's over {match.steps_compared} steps ({gap})" if match.matched
                 else f"the loss leaves the eager FSDP2 run's ({gap})")
     return from_parts([compile_part, shard, same],
-                      f"FSDP2 + compile: {compile_part.message}; {shard.message}; {same.message}", details)
+                      f"{compile_part.message}; {shard.message}; {same.message}", details)
 
 
 @check("TP4.2 DDP out of memory, FSDP fits")
