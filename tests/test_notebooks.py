@@ -47,7 +47,7 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
 # process is tests/test_day4_parallel.py's (every mode); here the notebook's path through the check and the views.
 DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
              "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
-             "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "REFRESH_S": 1,
+             "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "COMPILE_REPEATS": 1, "REFRESH_S": 1,
              "NICKNAME": "nbtest"}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite

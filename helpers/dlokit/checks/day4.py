@@ -97,44 +97,49 @@ def fsdp_sharding(fsdp_id, single_id):
 
 
 @check("TP4.2 FSDP2 + compile")
-def fsdp_compile(eager_id, compiled_id, single_id):
-    """Observed: the compiled run compiled its blocks (its first step, which compiles, took longer than its steady
-    steps), still holds a shard of the weights per rank (against the single process's whole), and its loss follows
-    the eager FSDP2 run's step by step (compilation changes the rounding only)."""
+def fsdp_compile(eager_ids, compiled_ids, single_id):
+    """Observed: the first compiled run compiled its blocks (its first step, which compiles, took longer than its
+    steady steps), every compiled run still holds a shard of the weights per rank (against the single process's
+    whole), and the first compiled run's loss follows the first eager FSDP2 run's step by step (compilation changes
+    the rounding only)."""
     from dlokit.analysis.llm_compile import compiled_vs_eager
     from dlokit.analysis.loss_match import loss_match_table
 
-    runs, problem = _completed(list(ids(eager_id)) + list(ids(compiled_id)) + list(ids(single_id)))
+    eager_ids, compiled_ids = list(ids(eager_ids)), list(ids(compiled_ids))
+    runs, problem = _completed(eager_ids + compiled_ids + list(ids(single_id)))
     if problem:
         return problem
-    eager, compiled, single = runs
-    if not compiled.config.get("compile"):
-        return failed(f"run {compiled.run_id} was not started with --compile")
-    table = compiled_vs_eager(eager.run_id, compiled.run_id, eager.path.parent).set_index("compiled")
-    first, steady = table.loc[True, "first_step_s"], table.loc[True, "steady_step_ms"] / 1000
-    details = [f"{'compiled' if key else 'eager'} (run {row.run_id}): first step {row.first_step_s:.2f} s, steady "
-               f"{row.steady_step_ms:.1f} ms [{row.steady_low_ms:.1f}–{row.steady_high_ms:.1f}]"
-               for key, row in table.iterrows()]
+    eager, compiled, single = runs[:len(eager_ids)], runs[len(eager_ids):-1], runs[-1]
+    if not eager or not compiled:
+        return failed("pass the eager FSDP2 run(s), then the compiled one(s)")
+    if not all(run.config.get("compile") for run in compiled):
+        return failed(f"a run of {', '.join(compiled_ids)} was not started with --compile")
+    table = compiled_vs_eager([r.run_id for r in eager], [r.run_id for r in compiled], single.path.parent)
+    details = [f"{'compiled' if row.compiled else 'eager'} (run {row.run_id}): first step {row.first_step_s:.2f} s, "
+               f"steady {row.steady_step_ms:.1f} ms [{row.steady_low_ms:.1f}–{row.steady_high_ms:.1f}]"
+               for row in table.itertuples()]
+    first_run = table[table["compiled"]].iloc[0]
+    first, steady = first_run["first_step_s"], first_run["steady_step_ms"] / 1000
     paid = first is not None and steady > 0 and first > 2 * steady
     compile_part = part("compiled", PASSED if paid else FAILED,
                         f"its first step took {first:.2f} s, {first / steady:.0f}× a steady one: the compilation, "
                         "timed apart" if paid else "its first step was no slower than the others: nothing compiled")
     whole = float((_memory(single) or {}).get("params") or 0)
     held = [float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
-            for r in compiled.ranks.values()]
+            for run in compiled for r in run.ranks.values()]
     sharded = bool(whole) and all(0 < value / whole < SHARDED for value in held)
     shard = part("sharding", PASSED if sharded else FAILED,
                  f"each rank holds {', '.join(f'{value / whole:.2f}' for value in held)} of the weights" if whole else
                  "the single process recorded no memory_bytes")
     if whole and not sharded:
         shard = part("sharding", FAILED, f"{shard.message} — every rank keeps the whole model: {FSDP_TODO}")
-    match = loss_match_table([compiled], eager).iloc[0]
+    match = loss_match_table(compiled[:1], eager[0]).iloc[0]
     gap = "no step in common" if pd.isna(match.max_abs_dloss) else f"max |Δ| {match.max_abs_dloss:.3g}"
     same = part("loss", PASSED if match.matched else FAILED,
                 f"the loss follows the eager FSDP2 run's over {match.steps_compared} steps ({gap})" if match.matched
                 else f"the loss leaves the eager FSDP2 run's ({gap})")
-    return from_parts([compile_part, shard, same],
-                      f"{compile_part.message}; {shard.message}; {same.message}", details)
+    return from_parts([compile_part, shard, same], f"{compile_part.message}; {shard.message}; {same.message}",
+                      details)
 
 
 @check("TP4.2 DDP out of memory, FSDP fits")
