@@ -17,7 +17,7 @@ COMPILE_COLUMNS = ("part", "variant", "status", "t_compile", "t_step", "speedup"
 READ_LINE_COLUMNS = ("format", "num_workers", "repeat", "cache", "images", "images_per_s", "mb_per_s", "t_first_batch",
                      "pixel_sum")
 READ_COLUMNS = ("format", "num_workers", "cache", "images", "repeats", "images_per_s", "low", "high", "mb_per_s",
-                "t_first_batch", "pixel_sum")
+                "first_batch_ms", "pixel_sum")
 
 
 CONTROL_FLOW_COLUMNS = ("variant", "example_branch", "same_as_eager_on_example", "same_as_eager_on_other_branch")
@@ -105,7 +105,8 @@ def compile_plot(job_id, runs_dir=None):
 def read_table(job_id, runs_dir=None) -> pd.DataFrame:
     """One row per storage format and DataLoader worker count: images/s over its repeats (read_bench.py --repeats),
     with a 95 % interval (a t-interval on the logarithm of the repeats' speeds; none from a single measurement),
-    MB/s and the first batch's time (medians), and what it read (images, pixel sum)."""
+    MB/s and the first batch's time in ms (worker start-up, files opened; medians), and what it read (images, pixel
+    sum)."""
     lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
     if lines.empty:
         return pd.DataFrame(columns=READ_COLUMNS)
@@ -116,7 +117,7 @@ def read_table(job_id, runs_dir=None) -> pd.DataFrame:
         rows.append({"format": data_format, "num_workers": workers, "cache": group["cache"].iloc[0],
                      "images": group["images"].iloc[0], "repeats": len(group), "images_per_s": speed.value,
                      "low": speed.low if usable else float("nan"), "high": speed.high if usable else float("nan"),
-                     "mb_per_s": group["mb_per_s"].median(), "t_first_batch": group["t_first_batch"].median(),
+                     "mb_per_s": group["mb_per_s"].median(), "first_batch_ms": 1000 * group["t_first_batch"].median(),
                      "pixel_sum": group["pixel_sum"].iloc[0]})
     return pd.DataFrame(rows, columns=READ_COLUMNS)
 
