@@ -128,9 +128,11 @@ def fsdp_compile(eager_ids, compiled_ids, single_id):
     held = [float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
             for run in compiled for r in run.ranks.values()]
     sharded = bool(whole) and all(0 < value / whole < SHARDED for value in held)
+    shares = sorted({f"{value / whole:.2f}" for value in held}) if whole else []
+    span = " to ".join(dict.fromkeys([shares[0], shares[-1]])) if shares else ""
     shard = part("sharding", PASSED if sharded else FAILED,
-                 f"each rank holds {', '.join(f'{value / whole:.2f}' for value in held)} of the weights" if whole else
-                 "the single process recorded no memory_bytes")
+                 f"each rank of the {len(compiled)} compiled run(s) holds {span} of the weights (ideal "
+                 f"{1 / compiled[0].world_size:.2f})" if whole else "the single process recorded no memory_bytes")
     if whole and not sharded:
         shard = part("sharding", FAILED, f"{shard.message} — every rank keeps the whole model: {FSDP_TODO}")
     match = loss_match_table(compiled[:1], eager[0]).iloc[0]
