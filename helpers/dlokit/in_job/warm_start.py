@@ -233,7 +233,7 @@ def _server(key: str) -> socket.socket | None:
 
     folder = runtime_dir()
     path, cold = os.path.join(folder, f"{key}.sock"), os.path.join(folder, f"{key}.cold")
-    if os.path.exists(cold):  # this key's imports load the CUDA driver: no fork is safe
+    if os.path.exists(cold):  # this key's imports initialise CUDA: no fork is safe
         return None
     sock = _connect(path)
     if sock:
