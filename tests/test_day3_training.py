@@ -379,6 +379,11 @@ def test_each_optimiser_at_the_range_tests_lr_is_set_beside_its_tp31_training(tm
     assert table.loc["lamb-found", "difference_low"] < 0 < table.loc["lamb-found", "difference_high"]
     assert table.loc["lion-found", "said"].startswith("no TP3.1 training of this optimiser")
     assert table.loc["old", "said"].startswith("a training did not finish, or recorded no spread")
+    untuned = lesson_run(tmp_path, "sgd-untuned", "sgd", 2.5, 0.3, tuned=False)
+    said = large_batch.range_test_against_untuned(untuned, found, runs_dir=tmp_path)
+    assert said.startswith("SGD at the range test's lr ended at validation loss 1.900, the badly tuned run (no warm-up) "
+                           "at 2.500: the range test's is lower by 0.600 [") and said.endswith(", beyond noise")
+    assert large_batch.range_test_against_untuned(untuned, found[1:], runs_dir=tmp_path).startswith("no SGD training")
     assert large_batch.lower_or_higher(stats_estimate(0.3, 0.25, 0.35)) == "lower by 0.300 [0.250–0.350]"
     assert large_batch.lower_or_higher(stats_estimate(-0.3, -0.35, -0.25)) == "higher by 0.300 [0.250–0.350]"
 

@@ -6,6 +6,7 @@
     lr_finder_plot(job_ids)       # loss reached per learning rate, per optimiser and batch, suggestions marked
     lr_suggestions(finder_jobs, trainings)  # the suggested lr per optimiser x batch, beside the lr a training used
     range_test_trainings(tuned, found)      # each optimiser at the range test's lr against TP3.1's scaled lr
+    range_test_against_untuned(untuned, found)  # SGD at the range test's lr against the badly tuned SGD
     kept_optimizer(tuned, found)            # what Day 3 hands to the race
 """
 from __future__ import annotations
@@ -183,6 +184,22 @@ def range_test_trainings(tuned_jobs, found_jobs, runs_dir=None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["optimizer", "global_batch", "tuned_lr", "found_lr", "tuned_loss", "found_loss",
                                        "loss_difference", "difference_low", "difference_high", "said", "tuned_top1",
                                        "found_top1", "tuned_run", "found_run"])
+
+
+def range_test_against_untuned(untuned_job, found_jobs, runs_dir=None) -> str:
+    """The case the range test is for, in a sentence: SGD at its range test's lr (among `found_jobs`) against SGD at the
+    large batch with the small batch's lr and no warm-up, by validation loss with Welch's interval of the difference."""
+    found_sgd = [run for run in load_runs(list(found_jobs), runs_dir) if run.config.get("optimizer") == "sgd"]
+    untuned = val_loss_sample(untuned_job, runs_dir)
+    found = val_loss_sample(found_sgd[0].run_id, runs_dir) if found_sgd else None
+    if not untuned or not found:
+        return "no SGD training at the range test's lr, or one without its loss's spread: nothing to compare"
+    gain = stats.difference_of_means(found, untuned)  # untuned minus range test: above 0 when the range test's is lower
+    found_lr, untuned_lr = (as_number(run.config.get("lr_peak")) for run in (found_sgd[0], load_run(untuned_job, runs_dir)))
+    beyond = ", beyond noise" if gain.low > 0 or gain.high < 0 else ", within noise (the interval contains 0)"
+    return (f"SGD at the range test's lr{f' {found_lr:.3g}' if found_lr else ''} ended at validation loss "
+            f"{found[0]:.3f}, the badly tuned run ({f'lr {untuned_lr:.3g}, ' if untuned_lr else ''}no warm-up) at "
+            f"{untuned[0]:.3f}: the range test's is {lower_or_higher(gain)}{beyond}")
 
 
 def lr_finder_plot(job_ids, runs_dir=None):
