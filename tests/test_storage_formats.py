@@ -254,6 +254,7 @@ def test_the_fastest_format_is_named_with_its_lead_or_said_to_be_within_noise(tm
     (["--formats", "hdf5"], "--formats"),
     (["--workers", "two"], "--workers"),
     (["--batches", "0"], "--batches"),
+    (["--repeats", "0"], "--repeats"),
 ])
 def test_read_bench_refuses_bad_options(converted, args, message, capsys):
     read_bench = load_script(READ_BENCH)
