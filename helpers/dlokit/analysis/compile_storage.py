@@ -107,7 +107,10 @@ def read_table(job_id, runs_dir=None) -> pd.DataFrame:
     with a 95 % interval (a t-interval on the logarithm of the repeats' speeds; none from a single measurement),
     MB/s and the first batch's time in ms (worker start-up, files opened; medians), and what it read (images, pixel
     sum)."""
-    lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
+    return _read_rows(_lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir))
+
+
+def _read_rows(lines: pd.DataFrame) -> pd.DataFrame:
     if lines.empty:
         return pd.DataFrame(columns=READ_COLUMNS)
     rows = []
@@ -126,7 +129,7 @@ def fastest_read(job_id, runs_dir=None) -> str:
     """Which format and worker count read fastest, and whether its lead over the next one is beyond noise: the ratio
     of their speeds with its 95 % interval, from their repeats (dlokit.analysis.stats.ratio_of_samples)."""
     lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
-    table = read_table(job_id, runs_dir).sort_values("images_per_s", ascending=False)
+    table = _read_rows(lines).sort_values("images_per_s", ascending=False)
     if table.empty:
         return "nothing was read"
     best = table.iloc[0]

@@ -61,6 +61,15 @@ def sharded_memory(ddp_id, zero1_id, fsdp_id):
 FSDP_TODO = "call fully_shard on each block of model.layers, then on the model (TODO TP4.2 in parallel_fsdp.py)"
 
 
+def _weights_held(runs, single) -> tuple[float, list[float]]:
+    """(the single process's weights in bytes, the weights every rank of `runs` holds in bytes), measured from their
+    tensors (train_llm.py summary `memory_bytes`); 0 where a record has none."""
+    whole = float((_memory(single) or {}).get("params") or 0)
+    held = [float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
+            for run in runs for _, r in sorted(run.ranks.items())]
+    return whole, held
+
+
 @check("TP4.2 FSDP2 shards the model")
 def fsdp_sharding(fsdp_id, single_id):
     """Observed, not assumed: each rank of the FSDP2 run holds its shard of the weights (about 1/N of what the
@@ -71,9 +80,8 @@ def fsdp_sharding(fsdp_id, single_id):
     if problem:
         return problem
     fsdp, single = runs
-    whole = float((_memory(single) or {}).get("params") or 0)
-    held = {rank: float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
-            for rank, r in sorted(fsdp.ranks.items())}
+    whole, weights = _weights_held([fsdp], single)
+    held = dict(zip(sorted(fsdp.ranks), weights))
     if not whole or not all(held.values()):
         return failed("a run recorded no memory_bytes: were they made by train_llm.py --mode fsdp and --mode single?")
     shares = {rank: value / whole for rank, value in held.items()}
@@ -124,17 +132,17 @@ def fsdp_compile(eager_ids, compiled_ids, single_id):
     compile_part = part("compiled", PASSED if paid else FAILED,
                         f"its first step took {first:.2f} s, {first / steady:.0f}× a steady one: the compilation, "
                         "timed apart" if paid else "its first step was no slower than the others: nothing compiled")
-    whole = float((_memory(single) or {}).get("params") or 0)
-    held = [float(((r.get("summary") or {}).get("memory_bytes") or {}).get("params") or 0)
-            for run in compiled for r in run.ranks.values()]
-    sharded = bool(whole) and all(0 < value / whole < SHARDED for value in held)
-    shares = sorted({f"{value / whole:.2f}" for value in held}) if whole else []
-    span = " to ".join(dict.fromkeys([shares[0], shares[-1]])) if shares else ""
+    whole, held = _weights_held(compiled, single)
+    if not whole or not all(held):
+        return failed("a run recorded no memory_bytes: were they made by train_llm.py --mode fsdp and --mode single?",
+                      details)
+    sharded = all(value / whole < SHARDED for value in held)
+    shares = sorted({f"{value / whole:.2f}" for value in held})
+    span = " to ".join(dict.fromkeys([shares[0], shares[-1]]))  # "0.50", or "0.50 to 0.52"
     shard = part("sharding", PASSED if sharded else FAILED,
                  f"each rank of the {len(compiled)} compiled run(s) holds {span} of the weights (ideal "
-                 f"{1 / compiled[0].world_size:.2f})" if whole else "the single process recorded no memory_bytes")
-    if whole and not sharded:
-        shard = part("sharding", FAILED, f"{shard.message} — every rank keeps the whole model: {FSDP_TODO}")
+                 f"{1 / compiled[0].world_size:.2f})"
+                 + ("" if sharded else f" — every rank keeps the whole model: {FSDP_TODO}"))
     match = loss_match_table(compiled[:1], eager[0]).iloc[0]
     gap = "no step in common" if pd.isna(match.max_abs_dloss) else f"max |Δ| {match.max_abs_dloss:.3g}"
     same = part("loss", PASSED if match.matched else FAILED,
