@@ -1,5 +1,6 @@
 """Day 4 without launches: argument checks, config arithmetic, the memory model against measurement."""
 import importlib
+import math
 import importlib.util
 import json
 import sys
@@ -341,3 +342,36 @@ def test_loss_match_judges_a_pair_at_the_tolerance_of_its_coarser_precision(tmp_
     assert mixed.attrs["dtype"] == "bf16" and mixed["matched"].tolist() == [True]
     figure = loss_overlay(["close-bf16"], "single-bf16", runs_dir=tmp_path)
     assert figure.axes[1].get_legend().get_texts()[0].get_text() == "tolerance 0.005 (bf16)"
+
+
+# ---- TP4.2's batch scan: the plan and the reading, without launches ----
+
+def test_the_scan_limit_lets_ddp_fit_fewer_batches_than_fsdp_and_keeps_away_from_every_need():
+    from dataclasses import asdict
+
+    from dlokit.analysis.layout_scan import scan_limit
+
+    plan = scan_limit(asdict(model_lib.get_config("scan-demo")), ranks=2, batches=[32, 64, 128, 256], seq_len=16)
+    limit, needs = plan["limit_mb"], plan["needs"]
+    assert plan["fits"] == {"ddp": [32, 64], "fsdp": [32, 64, 128]}
+    assert needs["ddp"][1] < limit < needs["ddp"][2] and needs["fsdp"][2] < limit < needs["fsdp"][3]
+    nearest = min(abs(math.log(limit / need)) for layout in needs.values() for need in layout)
+    assert math.exp(nearest) == pytest.approx(plan["margin"], rel=0.01) and plan["margin"] > 1.1
+    with pytest.raises(ValueError, match="no limit lets DDP fit some of the batches"):
+        scan_limit(asdict(model_lib.get_config("scan-demo")), ranks=2, batches=[64], seq_len=16)
+
+
+def test_the_largest_batch_is_read_between_what_fitted_and_what_ran_out():
+    import pandas as pd
+
+    from dlokit.analysis.layout_scan import describe, largest_batches
+
+    rows = [("ddp", 32, "fits"), ("ddp", 64, "fits"), ("ddp", 128, "out of memory"), ("fsdp", 32, "fits"),
+            ("fsdp", 64, "fits"), ("fsdp", 128, "fits"), ("fsdp", 256, "failed")]
+    table = pd.DataFrame([{"run_id": f"{layout}-{batch}", "layout": layout, "batch": batch, "outcome": outcome}
+                          for layout, batch, outcome in rows])
+    found = largest_batches(table)
+    assert found["ddp"] == {"batch": 64, "bracketed": True, "smallest_out": 128, "other": []}
+    assert found["fsdp"] == {"batch": 128, "bracketed": False, "smallest_out": None, "other": ["fsdp-256"]}
+    assert describe(found) == ("DDP fits a batch of 64 (128 ran out of memory), FSDP2 fits a batch of 128 (no "
+                               "batch ran out of memory)")

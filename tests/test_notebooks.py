@@ -48,7 +48,7 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
 DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
              "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
              "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "COMPILE_REPEATS": 1, "REFRESH_S": 1,
-             "NICKNAME": "nbtest"}
+             "SCAN_BATCHES": [64, 128, 256], "NICKNAME": "nbtest"}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1}
@@ -283,7 +283,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
 
 
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",
-               "TP4.2 FSDP2 + compile",
+               "TP4.2 batch scan, DDP against FSDP2", "TP4.2 FSDP2 + compile",
                "TP4.3 pipeline bubble",
                "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match"}
 DAY4_PROBE = """
@@ -291,6 +291,7 @@ import json
 print("DLOKIT_PROBE " + json.dumps({
     "profile": profile.name,
     "oom_states": [dlokit.job_outcome(j).state for j in oom_jobs],
+    "scan_outcomes": scan_runs["outcome"].tolist(),
     "loss_matched": loss_match.loss_match_table(loss_jobs, reference=single_job[0])["matched"].tolist(),
     "compress_variants": len(analysis.compression_table(compress_job[0])),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
@@ -302,6 +303,8 @@ def check_day4(results, probe, profile):
     assert_none_failed(results, DAY4_CHECKS)
     assert probe["profile"] == profile and probe["overlapped"] == []
     assert probe["oom_states"] == ["OUT_OF_MEMORY", "COMPLETED"]
+    # DDP fits 64 and runs out at 128, FSDP2 fits 128 and runs out at 256 (the memory model's plan, which held)
+    assert probe["scan_outcomes"] == ["fits", "out of memory", "out of memory", "fits", "fits", "out of memory"]
     assert probe["loss_matched"] == [True] * len(DAY4_TINY["LOSS_MODES"]) and probe["compress_variants"] >= 3
 
 
@@ -322,7 +325,7 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     found = by_check(results)
     for name, todo in (("TP4.1 memory per rank", "TODO TP4.1"), ("TP4.2 FSDP2 shards the model", "TODO TP4.2"),
                        ("TP4.2 DDP out of memory, FSDP fits", "TODO TP4.2"), ("TP4.2 FSDP2 + compile", "TODO TP4.2"),
-                       ("TP4.4 tensor parallel", "TODO TP4.4"),
+                       ("TP4.2 batch scan, DDP against FSDP2", "TODO TP4.2"), ("TP4.4 tensor parallel", "TODO TP4.4"),
                        ("TP4.5 context parallel", "TODO TP4.5")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP4.6 loss match"]["status"] == "failed"  # tensor parallel without its all-reduces: wrong maths

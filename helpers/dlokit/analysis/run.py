@@ -18,7 +18,7 @@ COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed"
 CANCELLED, SKIPPED = "cancelled", "skipped"
 CHECKPOINTED = "checkpointed"  # a race segment that saved on Slurm's signal and requeued (dlokit.race)
 ENDED_BADLY = (FAILED, "oom", "aborted")  # summary statuses of a run that stopped on an error
-OOM_MARKERS = ("out of memory", "outofmemoryerror")
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "can't allocate memory")  # the last: PyTorch's CPU allocator
 
 
 @dataclass
@@ -104,6 +104,8 @@ class Run:
 
     @property
     def oom(self) -> bool:
+        if any(r["state"] == "oom" for r in self.ranks.values()):  # the scripts' own status for it
+            return True
         texts = [self.error or ""]
         texts += [str(m.get("error", "")) for r in self.ranks.values() for m in r["metrics"]
                   if m.get("kind") == "event"]

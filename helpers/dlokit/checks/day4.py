@@ -1,5 +1,5 @@
-"""Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model and DDP out of memory
-where FSDP fits (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention
+"""Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model, DDP out of memory
+where FSDP fits and the batch scan (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention
 (TP4.5), loss match (TP4.6)."""
 from __future__ import annotations
 
@@ -178,6 +178,64 @@ def oom_then_fit(ddp_id, fsdp_id):
                       f"must hold only its shard — {FSDP_TODO}", details)
     return passed("DDP ran out of memory, FSDP completed under the same limit"
                   + (f" ({fsdp.summary['memory_limit_mb']:.0f} MiB per rank)" if fsdp.summary.get("memory_limit_mb") else ""),
+                  details)
+
+
+@check("TP4.2 batch scan, DDP against FSDP2")
+def layout_scan(ddp_ids, fsdp_ids):
+    """Observed under one memory limit per rank: DDP fits some batches of the scan and runs out of memory at a larger
+    one (the limit bites), FSDP2's runs hold a shard of the weights per rank (measured from their tensors), and the
+    largest batch FSDP2 fits is larger than DDP's. A run that ended any other way fails the check."""
+    from dlokit.analysis.layout_scan import describe, largest_batches, scan_table
+
+    runs = []
+    for job_id in list(ids(ddp_ids)) + list(ids(fsdp_ids)):
+        run, problem = load(job_id)
+        if problem and not run.oom:  # running out of memory is what a scan's run may do
+            return failed(problem)
+        runs.append(run)
+    n_ddp = len(ids(ddp_ids))
+    if not n_ddp or len(runs) == n_ddp:
+        return failed("pass the DDP runs of the scan, then the FSDP2 ones")
+    table = scan_table([r.run_id for r in runs[:n_ddp]], [r.run_id for r in runs[n_ddp:]], runs[0].path.parent)
+    found = largest_batches(table)
+    details = [f"{r.layout} batch {r.batch} ({r.batch_per_rank} per rank): {r.outcome}"
+               + (f", {r.measured_mb:.0f} MiB per rank measured" if pd.notna(r.measured_mb) else "")
+               + (f", {r.modelled_mb:.0f} modelled" if pd.notna(r.modelled_mb) else "") for r in table.itertuples()]
+    other = found["ddp"]["other"] + found["fsdp"]["other"]
+    if other:
+        return failed(f"run(s) {', '.join(other)} ended neither completed nor out of memory: read their logs "
+                      "(dlokit.search_log)", details)
+    limits = sorted(set(table["limit_mb"].dropna()))
+    if len(limits) != 1:
+        return failed(f"the runs did not share one --memory-limit (found {limits or 'none'}): scan both layouts under "
+                      "the same limit", details)
+    ddp, fsdp = found["ddp"], found["fsdp"]
+    if ddp["batch"] is None or not ddp["bracketed"]:
+        return failed(f"under {limits[0]:.0f} MiB per rank DDP fitted "
+                      + ("no batch of the scan: the limit is too small" if ddp["batch"] is None else
+                         "every batch of the scan: the limit is too large")
+                      + " — leave SCAN_LIMIT_MB = None (the memory model places it)", details)
+    fitted = table[table["outcome"] == "fits"]
+    whole = fitted.loc[fitted["layout"] == "ddp", "run_id"].iloc[0]
+    ddp_run = next(r for r in runs if r.run_id == whole)
+    fsdp_runs = [r for r in runs[n_ddp:] if r.run_id in set(fitted["run_id"])]
+    if not fsdp_runs:
+        return failed(f"no FSDP2 run fitted under {limits[0]:.0f} MiB per rank, where DDP fitted a batch of "
+                      f"{ddp['batch']}: {FSDP_TODO}", details)
+    weights, held = _weights_held(fsdp_runs, ddp_run)
+    if not weights or not all(held):
+        return failed("a run recorded no memory_bytes: were they made by train_llm.py?", details)
+    share = max(held) / weights
+    if share >= SHARDED:
+        return failed(f"each FSDP2 rank holds {share:.2f} of the weights a DDP rank holds: nothing is sharded — "
+                      f"{FSDP_TODO}", details)
+    if fsdp["batch"] <= ddp["batch"]:
+        return failed(f"under {limits[0]:.0f} MiB per rank FSDP2 fitted no larger batch than DDP: {describe(found)}",
+                      details)
+    bound = "" if fsdp["bracketed"] else " at least (no batch of the scan was too large for it)"
+    return passed(f"under {limits[0]:.0f} MiB per rank, {describe(found)}: FSDP2 trains a batch "
+                  f"×{fsdp['batch'] / ddp['batch']:.0f}{bound} DDP's, each rank holding {share:.2f} of the weights",
                   details)
 
 

@@ -222,8 +222,9 @@ class LlmDay(Day):
         mode_options = LLM_MODE_OPTIONS.get(mode, ["--mode", mode]) if mode else []
         argv = [str(self.beside(script)), *mode_options]
         if script == "train_llm.py":
-            argv += ["--config", config or self.config, "--seq-len", self.seq_len, "--batch-size", self.batch_size,
-                     "--steps", steps or self.steps, *week.without_overridden(self.carried, options)]
+            sizes = ["--config", config or self.config, "--seq-len", self.seq_len, "--batch-size", self.batch_size,
+                     "--steps", steps or self.steps]
+            argv += week.without_overridden([*map(str, sizes), *self.carried], options)
         elif script.startswith("check_") and folder.name == "solutions":
             argv.append("--solution")  # the checkers live beside the student's copies: ask them for the reference
         return shlex.join(map(str, [*argv, *options]))

@@ -41,6 +41,10 @@ CONFIGS = {
     # in fp32: 1.5 GB per DDP rank, half of it per FSDP rank on 2) dwarf the activations of a tiny batch.
     "oom-demo": LlamaConfig(dim=1024, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=2816, vocab_size=256,
                             max_seq_len=64),
+    # TP4.2's batch scan on a CPU: wide and shallow, so that the weights' states (what FSDP2 shards) weigh ~100
+    # sequences of 16 tokens of activations, which take ~0.6 GFLOP each to train: DDP and FSDP2 part visibly.
+    "scan-demo": LlamaConfig(dim=512, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=1408, vocab_size=256,
+                             max_seq_len=64),
     # GPT-2-small sized.
     "125m": LlamaConfig(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32_000,
                         max_seq_len=1024, tie_embeddings=True),

@@ -1,0 +1,149 @@
+"""TP4.2's batch scan per layout: under one memory limit per rank, the largest batch DDP fits and FSDP2 fits.
+
+    plan = scan_limit(config, ranks=2, batches=[32, 64, 128, 256], seq_len=16)  # the limit, from the memory model
+    table = scan_table(ddp_ids, fsdp_ids)   # per run: layout, batch, how it ended, MiB per rank measured, modelled
+    largest_batches(table)                  # {"ddp": {"batch": 16, "bracketed": True}, "fsdp": ...}
+    scan_plot(table)                        # MiB per rank against the batch, the limit, a cross where a run ran out
+
+Every run of the scan trains two steps under `--memory-limit`: the second step is the first to hold the optimizer
+states together with the activations, as every later step does. A run that ran out of memory is recorded as such
+(run.oom): that, not a model, says which batch fits.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dlokit.analysis.figures import add_notes, message_figure, new_figure
+from dlokit.analysis.llm_memory import MIB, layout_need_mb
+from dlokit.analysis.run import COMPLETED, load_runs
+
+LAYOUTS = ("ddp", "fsdp")
+COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange"}
+NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
+
+
+def scan_limit(config: dict, *, ranks: int, batches, seq_len: int) -> dict:
+    """The limit per rank as far, in ratio, from every modelled need of the scan as it can be, among the limits under
+    which DDP fits some batches but not all, and FSDP2 fits more of them: {"limit_mb", "needs" ({layout: [MiB per
+    batch]}), "fits" ({layout: batches that fit, modelled}), "margin" (the ratio to the nearest need)}."""
+    batches = sorted(int(b) for b in batches)
+    needs = {layout: [layout_need_mb(config, layout, ranks=ranks, batch_size=b, seq_len=seq_len) for b in batches]
+             for layout in LAYOUTS}
+    edges = sorted(needs["ddp"] + needs["fsdp"])
+    best = None
+    for low, high in zip(edges, edges[1:]):
+        limit = math.sqrt(low * high)
+        fits = {layout: [b for b, need in zip(batches, needs[layout]) if need < limit] for layout in LAYOUTS}
+        if 0 < len(fits["ddp"]) < len(batches) and len(fits["fsdp"]) > len(fits["ddp"]):
+            if best is None or high / low > best["margin"] ** 2:
+                best = {"limit_mb": round(limit), "needs": needs, "fits": fits, "margin": math.sqrt(high / low)}
+    if best is None:
+        raise ValueError(f"no limit lets DDP fit some of the batches {batches} and FSDP2 more: modelled needs per rank "
+                         f"DDP {[round(n) for n in needs['ddp']]} MiB, FSDP2 {[round(n) for n in needs['fsdp']]} MiB. "
+                         "Scan larger batches, or a model whose weights weigh more against its activations")
+    return best
+
+
+def _layout(run) -> str | None:
+    return {"ddp": "ddp", "fsdp": "fsdp"}.get(run.config.get("data_parallel"))
+
+
+def _measured_mib(run) -> float | None:
+    """The busiest rank's tensors at their peak (train_llm.py's memory_bytes), MiB; None where none was measured."""
+    totals = [sum(float(memory.get(k) or 0) for k in ("params", "grads", "optimizer", "activations_peak",
+                                                       "gathered_params_peak"))
+              for memory in ((s or {}).get("memory_bytes") for s in run.summaries) if isinstance(memory, dict)]
+    return max(totals) / MIB if totals else None
+
+
+def _modelled_mib(run) -> float | None:
+    try:
+        return layout_need_mb(run.config["model"], _layout(run), ranks=run.world_size,
+                              batch_size=int(run.config["batch_size"]), seq_len=int(run.config["seq_len"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def scan_table(ddp_ids, fsdp_ids, runs_dir=None) -> pd.DataFrame:
+    """One row per run: layout, global batch, batch per rank, outcome ('fits', 'out of memory', or the run's state),
+    the limit per rank, and MiB per rank measured (from the tensors, where it ran) and modelled."""
+    rows = []
+    for expected, run_ids in (("ddp", ddp_ids), ("fsdp", fsdp_ids)):
+        for run in load_runs(list(run_ids), runs_dir):
+            layout = _layout(run) or run.config.get("mode") or expected
+            batch = int(run.config.get("batch_size") or 0)
+            outcome = "out of memory" if run.oom else ("fits" if run.state == COMPLETED else run.state)
+            rows.append({"run_id": run.run_id, "layout": layout, "batch": batch,
+                         "batch_per_rank": batch // max(1, run.world_size), "outcome": outcome,
+                         "limit_mb": run.summary.get("memory_limit_mb") or run.config.get("memory_limit"),
+                         "measured_mb": _measured_mib(run) if outcome == "fits" else None,
+                         "modelled_mb": _modelled_mib(run)})
+    columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)
+
+
+def largest_batches(table: pd.DataFrame) -> dict:
+    """Per layout: the largest batch that fits ("batch", None if none did), whether a larger one of the scan ran out
+    of memory ("bracketed": then it is the largest of the scan's sizes that fits; else only a lower bound), and the
+    runs that ended otherwise ("other")."""
+    found = {}
+    for layout in LAYOUTS:
+        rows = table[table["layout"] == layout]
+        fit = rows.loc[rows["outcome"] == "fits", "batch"]
+        largest = int(fit.max()) if len(fit) else None
+        over = rows.loc[rows["outcome"] == "out of memory", "batch"]
+        found[layout] = {"batch": largest,
+                         "bracketed": bool(len(over)) and (largest is None or bool((over > largest).any())),
+                         "smallest_out": int(over.min()) if len(over) else None,
+                         "other": rows.loc[~rows["outcome"].isin(["fits", "out of memory"]), "run_id"].tolist()}
+    return found
+
+
+def describe(found: dict) -> str:
+    """'DDP fits a batch of 16 (32 runs out of memory), FSDP2 32 (64 runs out)', in words."""
+    def one(layout):
+        entry = found[layout]
+        if entry["batch"] is None:
+            return f"{NAMES[layout]} fits none of the batches"
+        out = f" ({entry['smallest_out']} ran out of memory)" if entry["bracketed"] else " (no batch ran out of memory)"
+        return f"{NAMES[layout]} fits a batch of {entry['batch']}{out}"
+    return ", ".join(one(layout) for layout in LAYOUTS)
+
+
+def scan_plot(table: pd.DataFrame):
+    """MiB per rank against the global batch, per layout: the tensors measured where the run fitted (a dot; the limit
+    also bounds what the meter does not count, DDP's gradient buckets and the optimizer's temporaries), modelled for
+    every batch (a dashed line), a cross at the modelled need where the run ran out of memory; the limit as a line."""
+    if table.empty:
+        return message_figure(["no runs"], title="the batch scan")
+    figure, axes = new_figure(size=(7, 4.5))
+    ax = axes[0, 0]
+    for layout in LAYOUTS:
+        rows = table[table["layout"] == layout]
+        if rows.empty:
+            continue
+        color = COLORS[layout]
+        ax.plot(rows["batch"], rows["modelled_mb"], "--", color=color, alpha=0.6, label=f"{NAMES[layout]}, modelled")
+        fits = rows[rows["outcome"] == "fits"]
+        ax.plot(fits["batch"], fits["measured_mb"], "o-", color=color, label=f"{NAMES[layout]}, fits: tensors measured")
+        out = rows[rows["outcome"] == "out of memory"]
+        ax.plot(out["batch"], out["modelled_mb"], "x", color=color, markersize=11, markeredgewidth=2.5,
+                label=f"{NAMES[layout]}, out of memory (at the modelled need)")
+    limits = table["limit_mb"].dropna().unique()
+    for limit in limits:
+        ax.axhline(float(limit), color="black", linewidth=1)
+        ax.annotate(f"limit per rank {float(limit):.0f} MiB", (0.01, float(limit)), xycoords=("axes fraction", "data"),
+                    va="bottom", fontsize=8)
+    batches = sorted(table["batch"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set(xlabel="global batch (sequences)", ylabel="MiB per rank (busiest rank)",
+           title=f"the largest batch under one limit: {describe(largest_batches(table))}".replace(", FSDP2", ",\nFSDP2"))
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8, loc="upper left")
+    other = table[~table["outcome"].isin(["fits", "out of memory"])]
+    add_notes(figure, [f"run {r.run_id} ({NAMES.get(r.layout, r.layout)}, batch {r.batch}): {r.outcome}"
+                       for r in other.itertuples()])
+    return figure
