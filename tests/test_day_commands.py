@@ -14,6 +14,10 @@ def test_day4_commands_name_the_script_its_sizes_and_the_mode(workspace):
     argv = shlex.split(day.command("fsdp-keep", "--grad-norm", steps=1))
     assert argv == [str(day.script), "--mode", "fsdp", "--no-reshard-after-forward", "--config", "tiny",
                     "--seq-len", "32", "--batch-size", "4", "--steps", "1", "--grad-norm"]
+    # a TP's own sizes replace the day's, once each on the line
+    argv = shlex.split(day.command("ddp", "--batch-size", 64, "--seq-len", 16, config="scan-demo", steps=2))
+    assert argv == [str(day.script), "--mode", "ddp", "--config", "scan-demo", "--steps", "2", "--batch-size", "64",
+                    "--seq-len", "16"]
     checker = shlex.split(day.command(None, script="check_tp.py"))  # beside the student's copies, asked for the reference
     assert checker == [str(REPO / "tp_scripts" / "llm" / "check_tp.py"), "--solution"]
     student = dlokit.setup_llm_day("ann", "local", str(REPO / "tp_scripts"), verbose=False)
