@@ -42,8 +42,9 @@ BASE_OPTIONS = {"amp": "none", "channels_last": False, "num_workers": 0, "prefet
 
 
 def write(runs, run_id, *, observed, options=OPTIONS, world_size=1, gpu=False, compute=100.0, t_data=0.02,
-          memory=500.0, trace=None):
-    """A finished run as train_classifier.py records it; gpu=True makes it a CUDA run."""
+          memory=500.0, trace=None, bn_means=None):
+    """A finished run as train_classifier.py records it; gpu=True makes it a CUDA run; bn_means: each rank's running
+    mean of its first BatchNorm layer at the end of its epoch (a 'bn_running' line)."""
     device = "cuda:0" if gpu else "cpu"
     config = {"model": "resnet18", "batch_size": 8, "device": "auto", "device_type": device.split(":")[0],
               "train_images": IMAGES, "world_size": world_size, **options}
@@ -62,6 +63,8 @@ def write(runs, run_id, *, observed, options=OPTIONS, world_size=1, gpu=False, c
             t_step = 8 / compute * wobble
             recorder.log("step", step=step, batch_size=8, t_data=t_data * wobble, t_step=t_step,
                          throughput_compute=8 / t_step, throughput_train=8 / (t_step + t_data * wobble))
+        if bn_means is not None:
+            recorder.log("bn_running", epoch=0, layer="bn1", running_mean=bn_means[rank], running_var=[1.0, 2.0])
         recorder.finish(steps=4, throughput_train=8 / (t_data + 8 / compute), throughput_compute=compute,
                         t_data=t_data, gpu_mem_peak_mb=memory if gpu else None,
                         host_rss_peak_mb=None if gpu else memory, params_identical_across_ranks=True,
@@ -249,6 +252,23 @@ def test_gpu_records_are_judged_on_their_measured_effects(runs):
     assert checks.on_device(["g-amp"]).message == "weights and batches were on the GPU"
     bn = checks.sync_bn(["g-ddp-cpu-bn"])
     assert bn.status == checks.FAILED and "convert_sync_batchnorm" in bn.message
+
+
+def test_syncbatchnorm_is_judged_on_the_running_statistics_each_rank_kept(runs):
+    """On GPUs: SyncBatchNorm's ranks keep the same running statistics, plain BatchNorm's part; a SyncBatchNorm run
+    whose ranks parted fails (the layers did not synchronise), and the message gives both spreads."""
+    synced = {**SOLUTION, "sync_bn": True}
+    write(runs, "bn-plain", observed=SOLUTION, gpu=True, world_size=2, bn_means=[[0.5, -0.2], [0.45, -0.21]])
+    write(runs, "bn-sync", observed=synced, options={**OPTIONS, "sync_bn": True}, gpu=True, world_size=2,
+          bn_means=[[0.48, -0.2], [0.48, -0.2]])
+    write(runs, "bn-parted", observed=synced, options={**OPTIONS, "sync_bn": True}, gpu=True, world_size=2,
+          bn_means=[[0.48, -0.2], [0.40, -0.2]])
+    result = checks.sync_bn(["bn-plain", "bn-sync"])
+    assert result.status == checks.PASSED, result.message
+    assert "SyncBatchNorm: the ranks' running statistics 0.0e+00 apart" in result.message
+    assert "plain BatchNorm: the ranks' running statistics 1.0e-01 apart" in result.message
+    parted = checks.sync_bn(["bn-plain", "bn-parted"])
+    assert parted.status == checks.FAILED and "did not synchronise" in parted.message and "1.7e-01" in parted.message
 
 
 def test_a_truncated_trace_fails_the_profiler_check_with_the_file_name(runs):

@@ -76,6 +76,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "comm_collectives": measured["collective"].tolist() if traces else [],
     "scaling_kind": analysis.scaling_table(ddp_jobs).attrs.get("kind"),
     "curve_val_acc": analysis.runs_table(curve_jobs)["val_acc"].notna().tolist(),
+    "bn_apart": analysis.running_stats_table(curve_jobs[-1:])["from_rank0"].tolist(),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
 }))
 """
@@ -190,6 +191,8 @@ def check_day2(results, probe, profile, processes):
     assert probe["scaling_x"] == processes
     assert "allreduce" in probe["comm_collectives"]
     assert probe["curve_val_acc"] == [True, True]  # the curves come from real trainings with validation
+    # plain BatchNorm under DDP: each rank's running statistics follow its own batches (rank 0 against itself: 0)
+    assert len(probe["bn_apart"]) == max(processes) and probe["bn_apart"][0] == 0 and min(probe["bn_apart"][1:]) > 1e-3
 
 
 @pytest.mark.slow

@@ -503,6 +503,7 @@ def end_of_epoch(t: Training, ins: Instrument, epoch: int, totals, started: floa
         ins.log("epoch", epoch=epoch, train_loss=loss_sum / images, train_acc=hits / images, epoch_time_s=seconds,
                 throughput_train=images_now / seconds)
         message += f" | train loss {loss_sum / images:.4f} acc {hits / images:.3f}"
+    ins.log_batchnorm_buffers(t.raw_model, epoch)  # before validation, which runs outside DDP and updates nothing
     if t.data.val_loader is not None:
         val_started = time.perf_counter()
         t.val = evaluate(t.raw_model, t.data.val_loader, t.criterion, t.amp_dtype, t.args.channels_last, ins.tick)

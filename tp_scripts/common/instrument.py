@@ -158,6 +158,17 @@ class Instrument(Peers):
         self.pause()
         self.record.log(kind, **fields)
 
+    def log_batchnorm_buffers(self, model, epoch: int, channels: int = 8) -> None:
+        """A 'bn_running' line: this rank's running mean and variance of the model's first BatchNorm layer (its first
+        `channels` channels). SyncBatchNorm updates them from the global batch, the same on every rank; plain
+        BatchNorm under DDP from each rank's own batch, so the ranks part (TP2.3)."""
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+                self.log("bn_running", epoch=epoch, layer=name,
+                         running_mean=module.running_mean[:channels].float().tolist(),
+                         running_var=module.running_var[:channels].float().tolist())
+                return
+
     def event(self, name: str, **fields) -> None:
         """An event line ('checkpoint_saved', 'resumed', 'profiler_trace'), after the step lines before it."""
         self.pause()

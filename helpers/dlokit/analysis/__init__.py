@@ -7,7 +7,7 @@ matplotlib Figure (shown when it is the cell's value), tables a pandas DataFrame
 from dlokit.analysis.comm_timeline import communication_timeline
 from dlokit.analysis.compare import Comparison, compare_runs, fastest_shown
 from dlokit.analysis.compress import compression_plot, compression_table
-from dlokit.analysis.batchnorm import bn_statistics_plot, bn_statistics_table
+from dlokit.analysis.batchnorm import bn_statistics_plot, bn_statistics_table, running_stats_table
 from dlokit.analysis.curves import epoch_times, training_curves
 from dlokit.analysis.dashboard import dashboard
 from dlokit.analysis.dataloader import dataloader_trials
@@ -34,7 +34,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "allreduce_share", "compare_runs", "config_value", "dashboard",
+__all__ = ["running_stats_table", "BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "allreduce_share", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",

@@ -3,13 +3,14 @@ against the synchronised ones and the whole batch's, per channel.
 
     bn_statistics_table(job_id)   # one row per rank and channel: own, synchronised and whole-batch mean and variance
     bn_statistics_plot(job_id)    # per channel: each rank's own mean, the synchronised mean, the whole batch's
+    running_stats_table(job_ids)  # a training's ranks: the running statistics each kept, and how far from rank 0's
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
-from dlokit.analysis.run import load_run
+from dlokit.analysis.run import load_run, load_runs
 
 COLUMNS = ["rank", "channel", "own_mean", "synced_mean", "whole_mean", "own_var", "synced_var", "whole_var"]
 
@@ -50,3 +51,34 @@ def bn_statistics_plot(job_id, runs_dir=None):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     add_notes(figure, [] if run.state == "completed" else [state])
     return figure
+
+
+def _apart(values, reference) -> float:
+    """The largest difference over the channels, relative to the largest magnitude of the reference's."""
+    scale = max(abs(v) for v in reference) or 1.0
+    return max(abs(a - b) for a, b in zip(values, reference)) / scale
+
+
+def running_stats_table(job_ids, runs_dir=None) -> pd.DataFrame:
+    """One row per run and rank: the first BatchNorm layer's running mean and variance at the end of the last
+    epoch (train_classifier.py's 'bn_running' lines, its first channels), and `from_rank0`, how far they lie from
+    rank 0's (the largest difference over those channels, relative to rank 0's largest value, mean or variance).
+    SyncBatchNorm keeps every rank's the same; plain BatchNorm under DDP lets each rank's follow its own batches."""
+    rows = []
+    for run in load_runs(job_ids, runs_dir):
+        last = {}
+        for rank in sorted(run.ranks):
+            lines = run.lines("bn_running", rank)
+            if not lines.empty:
+                last[rank] = lines.iloc[-1]
+        if not last:
+            continue
+        reference = last[min(last)]
+        for rank, line in last.items():
+            rows.append({"run_id": run.run_id, "sync_bn": bool(run.config.get("sync_bn")), "rank": rank,
+                         "epoch": int(line["epoch"]) + 1, "layer": line["layer"],
+                         "mean_ch0": line["running_mean"][0], "var_ch0": line["running_var"][0],
+                         "from_rank0": max(_apart(line["running_mean"], reference["running_mean"]),
+                                           _apart(line["running_var"], reference["running_var"]))})
+    columns = ["run_id", "sync_bn", "rank", "epoch", "layer", "mean_ch0", "var_ch0", "from_rank0"]
+    return pd.DataFrame(rows, columns=columns)

@@ -122,7 +122,23 @@ def sync_bn(job_ids):
     if bad:
         return failed(f"run(s) {', '.join(bad)} asked for --sync-bn but kept plain BatchNorm: convert with "
                       "nn.SyncBatchNorm.convert_sync_batchnorm before wrapping in DDP", details)
-    return passed("BatchNorm layers are what each run asked for", details)
+    from dlokit.analysis.batchnorm import running_stats_table
+
+    apart = running_stats_table([r.run_id for r in judged], judged[0].path.parent).groupby("run_id")["from_rank0"].max()
+    details += [f"run {r.run_id} ({'SyncBatchNorm' if r.config.get('sync_bn') else 'BatchNorm'}): the ranks' running "
+                f"statistics lie {apart[r.run_id]:.1e} apart (relative)" for r in judged if r.run_id in apart]
+    parted = [r.run_id for r in judged if r.config.get("sync_bn") and apart.get(r.run_id, 0.0) > SYNCED_BUFFERS_APART]
+    if parted:
+        return failed(f"under SyncBatchNorm the ranks of run(s) {', '.join(parted)} kept different running statistics "
+                      f"(up to {max(apart[i] for i in parted):.1e} apart): the layers did not synchronise", details)
+    words = {sync: [f"{apart[r.run_id]:.1e}" for r in judged if bool(r.config.get("sync_bn")) == sync
+                    and r.run_id in apart] for sync in (True, False)}
+    said = ", ".join(f"{'SyncBatchNorm' if sync else 'plain BatchNorm'}: the ranks' running statistics "
+                     f"{' and '.join(values)} apart" for sync, values in words.items() if values)
+    return passed("BatchNorm layers are what each run asked for" + (f"; {said}" if said else ""), details)
+
+
+SYNCED_BUFFERS_APART = 1e-5  # SyncBatchNorm: every rank computes the same global statistics; BatchNorm: ~0.1 apart
 
 
 GLOBAL_STATISTICS_TOLERANCE = 1e-4  # float32 sums of a few thousand values: ~1e-7 apart; a rank's own batch: ~0.5
