@@ -1,6 +1,6 @@
 """Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model, DDP out of memory
-where FSDP fits and the batch scan (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from scratch (TP4.4), ring attention
-(TP4.5), loss match (TP4.6)."""
+where FSDP fits and the largest batch of each (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from
+scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -235,7 +235,8 @@ def layout_scan(ddp_ids, fsdp_ids):
                       details)
     bound = "" if fsdp["bracketed"] else " at least (no batch of the scan was too large for it)"
     return passed(f"under {limits[0]:.0f} MiB per rank, {describe(found)}: FSDP2 trains a batch "
-                  f"×{fsdp['batch'] / ddp['batch']:.0f}{bound} DDP's, each rank holding {share:.2f} of the weights",
+                  f"×{round(fsdp['batch'] / ddp['batch'], 2):g}{bound} DDP's, each rank holding {share:.2f} of the "
+                  "weights",
                   details)
 
 
