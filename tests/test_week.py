@@ -211,6 +211,14 @@ def test_day4_computes_in_the_precision_day1_kept(week_so_far):
     argv = shlex.split(fourth.command("ddp", "--dtype", "fp32"))  # a TP's own precision wins
     assert argv.count("--dtype") == 1 and llm_args(shlex.join(argv)).dtype == "fp32"
     assert "--dtype" not in fourth.command(None, script="check_tp.py")  # the checkers take no training options
+    assert fourth.dtype == "bf16"  # what TP4.2's memory model plans its limits with
+    from dlokit.analysis.layout_scan import scan_limit
+    from dlokit.analysis.llm_memory import model_config
+
+    shape = model_config(fourth.script.parent, "scan-demo")
+    plans = {dtype: scan_limit(shape, ranks=2, batches=[32, 64, 128, 256], seq_len=16, dtype=dtype)
+             for dtype in ("fp32", "bf16")}
+    assert all(b < f for b, f in zip(plans["bf16"]["needs"]["fsdp"], plans["fp32"]["needs"]["fsdp"]))
 
     fourth.remember(amp="fp16", tf32=True)  # train_llm.py has no fp16: fp32, with Day 1's TF32
     args = llm_args(fourth.command("fsdp"))

@@ -24,13 +24,13 @@ COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange"}
 NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
 
 
-def scan_limit(config: dict, *, ranks: int, batches, seq_len: int) -> dict:
+def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = "fp32") -> dict:
     """The limit per rank as far, in ratio, from every modelled need of the scan as it can be, among the limits under
     which DDP fits some batches but not all, and FSDP2 fits more of them: {"limit_mb", "needs" ({layout: [MiB per
     batch]}), "fits" ({layout: batches that fit, modelled}), "margin" (the ratio to the nearest need)}."""
     batches = sorted(int(b) for b in batches)
-    needs = {layout: [layout_need_mb(config, layout, ranks=ranks, batch_size=b, seq_len=seq_len) for b in batches]
-             for layout in LAYOUTS}
+    needs = {layout: [layout_need_mb(config, layout, ranks=ranks, batch_size=b, seq_len=seq_len, dtype=dtype)
+                      for b in batches] for layout in LAYOUTS}
     edges = sorted(needs["ddp"] + needs["fsdp"])
     best = None
     for low, high in zip(edges, edges[1:]):
@@ -61,7 +61,8 @@ def _measured_mib(run) -> float | None:
 def _modelled_mib(run) -> float | None:
     try:
         return layout_need_mb(run.config["model"], _layout(run), ranks=run.world_size,
-                              batch_size=int(run.config["batch_size"]), seq_len=int(run.config["seq_len"]))
+                              batch_size=int(run.config["batch_size"]), seq_len=int(run.config["seq_len"]),
+                              dtype=run.config.get("dtype") or "fp32")
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -133,23 +133,24 @@ def model_config(scripts, name: str) -> dict:
     return asdict(common_module(scripts, "model").get_config(name))
 
 
-def layout_need_mb(config: dict, layout: str, *, ranks: int, batch_size: int, seq_len: int) -> float:
-    """What one rank needs, from the memory model, in MiB: fp32 weights, AdamW, `batch_size` sequences in all
-    (global), under DDP ("ddp": its gradient buckets included, 4 bytes a weight, a copy of the gradients the
-    all-reduce works on, which the per-rank model leaves out) or FSDP2 ("fsdp")."""
+def layout_need_mb(config: dict, layout: str, *, ranks: int, batch_size: int, seq_len: int,
+                   dtype: str = "fp32") -> float:
+    """What one rank needs, from the memory model, in MiB: fp32 weights, AdamW, computing in `dtype` (train_llm.py's
+    --dtype), `batch_size` sequences in all (global), under DDP ("ddp": its gradient buckets included, 4 bytes a
+    weight, a copy of the gradients the all-reduce works on, which the per-rank model leaves out) or FSDP2 ("fsdp")."""
     from dlokit.memory_model import estimate, params_on_rank
 
     zero = {"ddp": 0, "fsdp": 3}[layout]
     need = estimate(config, batch_size=max(1, batch_size // ranks), seq_len=seq_len, dp=ranks, zero=zero,
-                    precision="fp32", optimizer="adamw").total / MIB
+                    precision="fp32" if dtype == "fp32" else "bf16-amp", optimizer="adamw").total / MIB
     return need + (4 * params_on_rank(config) / MIB if layout == "ddp" else 0.0)
 
 
-def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int) -> dict:
+def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int, dtype: str = "fp32") -> dict:
     """TP4.2: each rank's memory limit between what FSDP and DDP need per rank (layout_need_mb): {"ddp_mb",
     "fsdp_mb", "limit_mb"}, the limit at their geometric mean (as far from each, in ratio). Measured on the oom-demo
     config with 2 CPU ranks: FSDP needed 0.94-0.97 GB, DDP 1.7-1.9 GB, against 0.87 and 1.82 modelled."""
-    ddp, fsdp = (layout_need_mb(config, layout, ranks=ranks, batch_size=batch_size, seq_len=seq_len)
+    ddp, fsdp = (layout_need_mb(config, layout, ranks=ranks, batch_size=batch_size, seq_len=seq_len, dtype=dtype)
                  for layout in ("ddp", "fsdp"))
     return {"ddp_mb": ddp, "fsdp_mb": fsdp, "limit_mb": round((ddp * fsdp) ** 0.5)}
 

@@ -233,6 +233,12 @@ class LlmDay(Day):
     def carried(self) -> list[str]:
         return week.llm_carried_options(self.recall(), self.carry_from)
 
+    @property
+    def dtype(self) -> str:
+        """The compute dtype the day's runs carry (--dtype), else train_llm.py's default: what the memory model needs."""
+        groups = dict(week.option_groups(self.carried))
+        return (groups.get("--dtype") or ["fp32"])[0]
+
     def parallel_ranks(self, wanted: int) -> int:
         """The ranks of every parallel job: `wanted`, or fewer where one node of the profile has fewer devices.
         Every layout of the day needs two: with one device, say so (and what to do) before a job is submitted."""
