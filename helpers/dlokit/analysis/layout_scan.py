@@ -2,7 +2,7 @@
 
     plan = scan_limit(config, ranks=2, batches=[32, 64, 128, 256], seq_len=16)  # the limit, from the memory model
     table = scan_table(ddp_ids, fsdp_ids)   # per run: layout, batch, how it ended, MiB per rank measured, modelled
-    largest_batches(table)                  # {"ddp": {"batch": 16, "bracketed": True}, "fsdp": ...}
+    largest_batches(table)                  # {"ddp": {"batch": 64, "bracketed": True, ...}, "fsdp": ...}
     scan_plot(table)                        # MiB per rank against the batch, the limit, a cross where a run ran out
 
 Every run of the scan trains two steps under `--memory-limit`: the second step is the first to hold the optimizer
@@ -42,7 +42,8 @@ def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = 
     if best is None:
         raise ValueError(f"no limit lets DDP fit some of the batches {batches} and FSDP2 more: modelled needs per rank "
                          f"DDP {[round(n) for n in needs['ddp']]} MiB, FSDP2 {[round(n) for n in needs['fsdp']]} MiB. "
-                         "Scan larger batches, or a model whose weights weigh more against its activations")
+                         "Scan more batch sizes (DDP must fit the smallest and not the largest), or a model whose weights weigh more "
+                         "against its activations")
     return best
 
 
