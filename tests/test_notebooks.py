@@ -295,6 +295,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "profile": profile.name,
     "oom_states": [dlokit.job_outcome(j).state for j in oom_jobs],
     "scan_outcomes": scan_runs["outcome"].tolist(),
+    "oom_cause": dlokit.job_outcome(oom_jobs[0]).cause,
     "loss_matched": loss_match.loss_match_table(loss_jobs, reference=single_job[0])["matched"].tolist(),
     "compress_variants": len(analysis.compression_table(compress_job[0])),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
@@ -306,6 +307,7 @@ def check_day4(results, probe, profile):
     assert_none_failed(results, DAY4_CHECKS)
     assert probe["profile"] == profile and probe["overlapped"] == []
     assert probe["oom_states"] == ["OUT_OF_MEMORY", "COMPLETED"]
+    assert "under the script's own --memory-limit of" in probe["oom_cause"]  # not the job's, whose advice would mislead
     # DDP fits 64 and runs out at 128, FSDP2 fits 128 and runs out at 256 (the memory model's plan, which held)
     assert probe["scan_outcomes"] == ["fits", "out of memory", "out of memory", "fits", "fits", "out of memory"]
     assert probe["loss_matched"] == [True] * len(DAY4_TINY["LOSS_MODES"]) and probe["compress_variants"] >= 3

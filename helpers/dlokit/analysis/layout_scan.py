@@ -42,13 +42,14 @@ def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = 
     if best is None:
         raise ValueError(f"no limit lets DDP fit some of the batches {batches} and FSDP2 more: modelled needs per rank "
                          f"DDP {[round(n) for n in needs['ddp']]} MiB, FSDP2 {[round(n) for n in needs['fsdp']]} MiB. "
-                         "Scan more batch sizes (DDP must fit the smallest and not the largest), or a model whose weights weigh more "
-                         "against its activations")
+                         "Scan more batch sizes (DDP must fit the smallest and not the largest), or a model whose "
+                         "weights weigh more against its activations")
     return best
 
 
 def _layout(run) -> str | None:
-    return {"ddp": "ddp", "fsdp": "fsdp"}.get(run.config.get("data_parallel"))
+    layout = run.config.get("data_parallel")
+    return layout if layout in LAYOUTS else None
 
 
 def _measured_mib(run) -> float | None:
@@ -104,7 +105,7 @@ def largest_batches(table: pd.DataFrame) -> dict:
 
 
 def describe(found: dict) -> str:
-    """'DDP fits a batch of 16 (32 runs out of memory), FSDP2 32 (64 runs out)', in words."""
+    """'DDP fits a batch of 64 (128 ran out of memory), FSDP2 fits a batch of 128 (256 ran out of memory)'."""
     def one(layout):
         entry = found[layout]
         if entry["batch"] is None:
@@ -141,8 +142,9 @@ def scan_plot(table: pd.DataFrame):
     batches = sorted(table["batch"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
+    said = describe(largest_batches(table)).replace(", FSDP2", ",\nFSDP2")
     ax.set(xlabel="global batch (sequences)", ylabel="MiB per rank (busiest rank)",
-           title=f"the largest batch under one limit: {describe(largest_batches(table))}".replace(", FSDP2", ",\nFSDP2"))
+           title=f"the largest batch under one limit: {said}")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8, loc="upper left")
     other = table[~table["outcome"].isin(["fits", "out of memory"])]

@@ -556,7 +556,8 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
                         f"{exceeded.get('peak_mb'):.0f} MB together")
             limit = f"the job's limit of {exceeded.get('limit_mb')} MB"
     own = _own_memory_limit(card.argv)
-    if own is not None and "can't allocate memory" in detail:  # refused by the script's own limit, not the job's
+    refused = ("can't allocate memory", "cuda out of memory")  # PyTorch's CPU allocator, the CUDA allocator
+    if own is not None and any(words in detail.lower() for words in refused):  # the script's own limit, not the job's
         return (f"out of memory under the script's own --memory-limit of {own} MiB per rank (what TP4.2 sets), not "
                 f"the job's ({measured}, against {limit}); a larger --memory-limit or a smaller batch fits\n"
                 f"{detail}").rstrip()
