@@ -52,6 +52,14 @@ def test_bad_arguments_are_explained(mode, world, extra, message):
         train_llm.plan_degrees(args, config, world)
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_memory_limit_must_be_a_positive_number_of_mib(value, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        train_llm.parse_args(["--mode", "ddp", "--memory-limit", value])
+    assert stopped.value.code == 2 and "a number above 0" in capsys.readouterr().err
+    assert train_llm.parse_args(["--memory-limit", "359"]).memory_limit == 359.0
+
+
 def test_pipeline_refuses_tied_embeddings():
     args = train_llm.parse_args(["--mode", "pp", "--config", "125m"])
     with pytest.raises(train_llm.ArgumentsError, match="tied"):

@@ -14,10 +14,18 @@ class ArgumentsError(ValueError):
     """A combination of options that cannot run; reported before any process group starts."""
 
 
+def megabytes(text: str) -> float:
+    """--memory-limit's value: a positive number of MiB (0 or less would refuse every allocation, or none)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give each rank's memory in MiB, a number above 0")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="train_llm.py", description="Train the Llama-style model under the parallel layout --mode names; write a run record.")
     p.add_argument("--mode", choices=MODES, default="single")
-    p.add_argument("--config", default="tiny", help="tiny, small, oom-demo, 125m, 1b, 3b")
+    p.add_argument("--config", default="tiny", help="tiny, small, oom-demo, scan-demo, 125m, 1b, 3b")
     p.add_argument("--data", choices=("random", "text"), default="random")
     p.add_argument("--batch-size", type=int, default=8, help="global batch, in sequences")
     p.add_argument("--seq-len", type=int, default=64)
@@ -53,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-step", type=int, default=None,
                    help="save it after this step instead (the run goes on to --steps) [default: the last step]")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint-dir")
-    p.add_argument("--memory-limit", type=float, default=None, metavar="MB",
+    p.add_argument("--memory-limit", type=megabytes, default=None, metavar="MB",
                    help="memory for this rank's tensors, as a device of that size would give (device_memory.py)")
     p.add_argument("--runs-dir", default=None)
     return p.parse_args(argv)
