@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
-from dlokit.analysis.llm_memory import MIB, layout_need_mb
+from dlokit.analysis.llm_memory import MIB, _measured, layout_need_mb
 from dlokit.analysis.run import COMPLETED, load_runs
 
 LAYOUTS = ("ddp", "fsdp")
@@ -52,12 +52,10 @@ def _layout(run) -> str | None:
     return layout if layout in LAYOUTS else None
 
 
-def _measured_mib(run) -> float | None:
-    """The busiest rank's tensors at their peak (train_llm.py's memory_bytes), MiB; None where none was measured."""
-    totals = [sum(float(memory.get(k) or 0) for k in ("params", "grads", "optimizer", "activations_peak",
-                                                       "gathered_params_peak"))
-              for memory in ((s or {}).get("memory_bytes") for s in run.summaries) if isinstance(memory, dict)]
-    return max(totals) / MIB if totals else None
+def _busiest_mib(run) -> float | None:
+    """The busiest rank's tensors at their peak (llm_memory's reading of train_llm.py's memory_bytes), MiB."""
+    measured = _measured(run)
+    return sum(measured.values()) / MIB if measured else None
 
 
 def _modelled_mib(run) -> float | None:
@@ -70,7 +68,7 @@ def _modelled_mib(run) -> float | None:
 
 
 def scan_table(ddp_ids, fsdp_ids, runs_dir=None) -> pd.DataFrame:
-    """One row per run: layout, global batch, batch per rank, outcome ('fits', 'out of memory', or the run's state),
+    """(ids, or Run objects already loaded) One row per run: layout, global batch, batch per rank, outcome ('fits', 'out of memory', or the run's state),
     the limit per rank, and MiB per rank measured (from the tensors, where it ran) and modelled."""
     rows = []
     for expected, run_ids in (("ddp", ddp_ids), ("fsdp", fsdp_ids)):
@@ -81,7 +79,7 @@ def scan_table(ddp_ids, fsdp_ids, runs_dir=None) -> pd.DataFrame:
             rows.append({"run_id": run.run_id, "layout": layout, "batch": batch,
                          "batch_per_rank": batch // max(1, run.world_size), "outcome": outcome,
                          "limit_mb": run.summary.get("memory_limit_mb") or run.config.get("memory_limit"),
-                         "measured_mb": _measured_mib(run) if outcome == "fits" else None,
+                         "measured_mb": _busiest_mib(run) if outcome == "fits" else None,
                          "modelled_mb": _modelled_mib(run)})
     columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb"]
     return pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)

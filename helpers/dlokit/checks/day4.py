@@ -197,7 +197,7 @@ def layout_scan(ddp_ids, fsdp_ids):
     n_ddp = len(ids(ddp_ids))
     if not n_ddp or len(runs) == n_ddp:
         return failed("pass the DDP runs of the scan, then the FSDP2 ones")
-    table = scan_table([r.run_id for r in runs[:n_ddp]], [r.run_id for r in runs[n_ddp:]], runs[0].path.parent)
+    table = scan_table(runs[:n_ddp], runs[n_ddp:])  # the records loaded above, not read again
     found = largest_batches(table)
     details = [f"{r.layout} batch {r.batch} ({r.batch_per_rank} per rank): {r.outcome}"
                + (f", {r.measured_mb:.0f} MiB per rank measured" if pd.notna(r.measured_mb) else "")

@@ -555,24 +555,15 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
             measured = (f"its {exceeded.get('processes')} processes (scripts and their children) held "
                         f"{exceeded.get('peak_mb'):.0f} MB together")
             limit = f"the job's limit of {exceeded.get('limit_mb')} MB"
-    own = _own_memory_limit(card.argv)
+    from .week import option_groups
+
+    own = (dict(option_groups(card.argv)).get("--memory-limit") or [None])[0]  # train_llm.py's device-sized limit
     refused = ("can't allocate memory", "cuda out of memory")  # PyTorch's CPU allocator, the CUDA allocator
     if own is not None and any(words in detail.lower() for words in refused):  # the script's own limit, not the job's
         return (f"out of memory under the script's own --memory-limit of {own} MiB per rank (what TP4.2 sets), not "
                 f"the job's ({measured}, against {limit}); a larger --memory-limit or a smaller batch fits\n"
                 f"{detail}").rstrip()
     return f"out of memory: {measured}, against {limit}; {where}\n{detail}".rstrip()
-
-
-def _own_memory_limit(argv) -> str | None:
-    """The value of --memory-limit in the job's command line (train_llm.py's device-sized limit), else None."""
-    words = [str(w) for w in argv]
-    for i, word in enumerate(words):
-        if word == "--memory-limit" and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith("--memory-limit="):
-            return word.split("=", 1)[1]
-    return None
 
 
 def _local_outcome(card: JobCard) -> Outcome:
