@@ -37,7 +37,9 @@ With activation checkpointing only each block's input (h) is kept through the fo
 backward one block at a time is recomputed (`recomputed`, a transient).
 Sequence parallel divides the norms' share by tp too. Pipeline: GPipe keeps all m micro-batches
 in flight, 1F1B at most p; each micro-batch is batch/m sequences.
-Not counted: temporaries of the backward pass and of the optimizer step, allocator caching and
+On CUDA (`cuda=True`) AdamW's foreach step also allocates temporaries: one fp32 tensor per weight it updates
+(the square root of v), 4 bytes a weight of this rank's optimizer share (`optimizer_step`, a transient).
+Not counted: other temporaries of the backward pass and of the optimizer step, allocator caching and
 fragmentation, the CUDA context (~0.5 GiB), communication buffers, the keys and values a context-
 parallel attention fetches from the other ranks. Measured peaks are therefore higher than this estimate.
 
@@ -86,12 +88,13 @@ class MemoryBreakdown:
     gathered: float = 0.0          # ZeRO-3: weights all-gathered at once (root + blocks in flight)
     unsharded_grads: float = 0.0   # ZeRO-3: one block's full gradients before the reduce-scatter
     recomputed: float = 0.0        # activation checkpointing: one block's activations, recomputed in backward
+    optimizer_step: float = 0.0    # CUDA: AdamW's foreach temporaries, 4 bytes a weight it updates
 
     @property
     def transient(self) -> float:
-        """What exists only while a block computes: FSDP's gathered weights and unsharded gradients,
-        the block that activation checkpointing recomputes."""
-        return self.gathered + self.unsharded_grads + self.recomputed
+        """What exists only for a while: FSDP's gathered weights and unsharded gradients, the block that
+        activation checkpointing recomputes, the optimizer step's temporaries (added: an upper bound)."""
+        return self.gathered + self.unsharded_grads + self.recomputed + self.optimizer_step
 
     @property
     def total(self) -> float:
@@ -155,9 +158,10 @@ def activation_elements_per_token(config, tp: int = 1, sequence_parallel: bool =
 def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 0, tp: int = 1, pp: int = 1,
              cp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adamw",
              activation_checkpointing: bool = False, reshard_after_forward: bool = True,
-             sequence_parallel: bool = False, microbatches: int = 1, pp_schedule: str = "1f1b") -> MemoryBreakdown:
+             sequence_parallel: bool = False, microbatches: int = 1, pp_schedule: str = "1f1b",
+             cuda: bool = False) -> MemoryBreakdown:
     """Bytes on the busiest rank. batch_size: sequences per data-parallel rank (the local batch);
-    dp: the ranks ZeRO shards over."""
+    dp: the ranks ZeRO shards over; cuda: count AdamW's foreach temporaries (PyTorch's default on CUDA)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}")
     if optimizer not in OPTIMIZER_STATE_BYTES:
@@ -173,6 +177,8 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     weights = params * w_bytes / (dp if zero >= 3 else 1)
     gradients = params * g_bytes / (dp if zero >= 2 else 1)
     optimizer_bytes = params * o_bytes / (dp if zero >= 1 else 1)
+    foreach = OPTIMIZER_STATE_BYTES[optimizer] > 0 and cuda  # foreach AdamW: sqrt(v) as a whole new fp32 list
+    step_temporaries = params * 4 / (dp if zero >= 1 else 1) if foreach else 0.0
 
     gathered = unsharded_grads = 0.0
     if zero >= 3 and dp > 1:
@@ -194,7 +200,8 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     # The head (final norm, fp32 log-probs) sits on the last stage; adding it to the first stage's
     # blocks makes the pipeline figure an upper bound.
     activations = tokens * (blocks_elements * a_bytes + head * a_bytes + 4 * config.vocab_size)
-    return MemoryBreakdown(weights, gradients, optimizer_bytes, activations, gathered, unsharded_grads, recomputed)
+    return MemoryBreakdown(weights, gradients, optimizer_bytes, activations, gathered, unsharded_grads, recomputed,
+                           step_temporaries)
 
 
 def fits(breakdown: MemoryBreakdown, device_gib: float, headroom: float = 0.9) -> bool:
@@ -207,9 +214,10 @@ def fits(breakdown: MemoryBreakdown, device_gib: float, headroom: float = 0.9) -
 ZERO_OF_DATA_PARALLEL = {None: 0, "ddp": 0, "zero1": 1, "fsdp": 3, "hsdp": 3}
 
 
-def estimate_for_run(config: dict) -> MemoryBreakdown:
+def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
     """The estimate for a train_llm.py run, from its record's config (run.json): the model's shape,
-    the global batch split over the data-parallel ranks, the degrees, the dtype and the options."""
+    the global batch split over the data-parallel ranks, the degrees, the dtype and the options
+    (cuda: on a GPU, with the optimizer step's temporaries)."""
     shape = config["model"]
     dp = int(config.get("dp") or 1)
     data_parallel = config.get("data_parallel")
@@ -226,7 +234,7 @@ def estimate_for_run(config: dict) -> MemoryBreakdown:
                     optimizer="adamw", activation_checkpointing=bool(config.get("activation_checkpointing")),
                     reshard_after_forward=not config.get("no_reshard_after_forward"),
                     sequence_parallel=bool(config.get("sequence_parallel")),
-                    microbatches=microbatches * virtual, pp_schedule=config.get("pp_schedule") or "1f1b")
+                    microbatches=microbatches * virtual, pp_schedule=config.get("pp_schedule") or "1f1b", cuda=cuda)
 
 
 # ---- the calculator ------------------------------------------------------------------------------

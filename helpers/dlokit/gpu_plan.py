@@ -1,0 +1,254 @@
+"""Day 4 at the sizes its notebook suggests for a GPU node, checked on a CPU: every job valid, and planned to fit.
+
+    rows = plan(ranks=4, card_gib=80)    # one row per job of day4_large_models.ipynb at GPU_SIZES
+    findings(rows)                       # the rows whose job would fail: refused options, or out of memory
+
+Each job's command line is written the way the notebook writes it (`LlmDay.command`, the cells' own options),
+parsed by its script's own parser and checked against its layout's rules (train_llm.py's `plan_degrees`:
+divisibility, tied embeddings, stages) for its number of ranks; its memory per rank comes from the memory model
+(`memory_model.estimate_for_run`, on CUDA: with AdamW's foreach temporaries, and DDP's gradient buckets)
+and must fit what is left of the card after MARGIN. A job under `--memory-limit` must get a limit the card
+has, and end as its cell expects (TP4.2: DDP out of memory, FSDP2 fits). A CPU-only script keeps the CPU sizes.
+
+GPU_SIZES is the one source of the sizes the notebook's "Sizes" cell suggests (tests/test_gpu_plan.py holds them
+to each other); the rest of the parameters are the notebook's own (its parameters cell).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from dlokit import memory_model
+from dlokit.analysis import layout_scan, llm_memory
+from dlokit.script_modules import common_module
+from dlokit.submission.day import LlmDay
+from dlokit.submission.week import option_groups
+
+REPO = Path(__file__).resolve().parents[2]
+LLM = REPO / "tp_scripts" / "llm" / "solutions"
+NOTEBOOK = REPO / "notebooks" / "day4_large_models.ipynb"
+GIB = memory_model.GIB
+
+# What the "Sizes" cell of the notebook tells an instructor to set on a GPU node (RANKS: 4 or 8, the node's GPUs)
+GPU_SIZES = {
+    "CONFIG": "1b", "SEQ_LEN": 2048, "BATCH": 8, "OOM_CONFIG": "3b",
+    "SCAN_CONFIG": "1b", "SCAN_SEQ_LEN": 2048, "SCAN_BATCHES": [8, 16, 32, 64],
+    "LOSS_MODES": ["ddp", "zero1", "fsdp", "tp-scratch", "tp", "pp", "cp", "fsdp-tp", "hsdp"],
+}
+DTYPE = "bf16"  # what Day 1 keeps on a GPU, carried into every train_llm.py command
+CARDS_GIB = (80, 40)
+
+# What a card gives the tensors the memory model counts: the CUDA context (and cuBLAS's workspace) and NCCL's
+# buffers (parallel jobs) come off first, then a share for the caching allocator's fragmentation.
+MARGIN = {"cuda_context_gib": 1.0, "nccl_gib": 1.0, "allocator_share": 0.10}
+CPU_ONLY = ("compress_bench.py",)  # scripts that run on the CPU whatever the node has
+
+
+@dataclass
+class Job:
+    tp: str
+    command: str
+    ranks: int
+    expect: str = "fits"  # "fits", "out of memory" (TP4.2's DDP), or "either" (a run of the batch scan)
+
+
+def usable_gib(card_gib: float, ranks: int) -> float:
+    """What the memory model's tensors may take of a card of `card_gib`, after MARGIN."""
+    left = card_gib - MARGIN["cuda_context_gib"] - (MARGIN["nccl_gib"] if ranks > 1 else 0.0)
+    return left * (1 - MARGIN["allocator_share"])
+
+
+def notebook_parameters(notebook: Path = NOTEBOOK) -> dict:
+    """The values of the notebook's parameters cell (the CPU sizes the course runs)."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    values: dict = {}
+    exec("".join(cell["source"]), {}, values)
+    return {name: value for name, value in values.items() if name.isupper()}
+
+
+@dataclass
+class _PlannedDay(LlmDay):
+    """LlmDay's command lines, with the precision Day 1 would carry, and no profile or course notes."""
+    planned_dtype: str = DTYPE
+
+    @property
+    def carried(self) -> list[str]:
+        return ["--dtype", self.planned_dtype]
+
+
+def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
+    """Every job day4_large_models.ipynb submits at the parameters `p`, as its cells write them."""
+    day = _PlannedDay("plan", SimpleNamespace(runs=Path("/nonexistent")), LLM / "train_llm.py", "synthetic",
+                      batch_size=p["BATCH"], steps=p["STEPS"], config=p["CONFIG"], seq_len=p["SEQ_LEN"],
+                      planned_dtype=dtype)
+    jobs = [Job("TP4.1", day.command(m, "--data", "text", "--grad-norm"), ranks) for m in p["MEMORY_MODES"]]
+    jobs.append(Job("TP4.2", day.command("single", "--data", "text", "--grad-norm"), 1))
+    oom = oom_sizes(p, ranks)
+    need = llm_memory.oom_demo_limit_mb(llm_memory.model_config(LLM, p["OOM_CONFIG"]), ranks=ranks,
+                                        batch_size=oom[1], seq_len=oom[3], dtype=dtype)
+    limit = p["OOM_LIMIT_MB"] or need["limit_mb"]
+    jobs += [Job("TP4.2", day.command("ddp", *oom, "--memory-limit", limit, config=p["OOM_CONFIG"], steps=1), ranks,
+                 "out of memory"),
+             Job("TP4.2", day.command("fsdp", "--meta-init", *oom, "--memory-limit", limit, config=p["OOM_CONFIG"],
+                                      steps=1), ranks)]
+    scan = layout_scan.scan_limit(llm_memory.model_config(LLM, p["SCAN_CONFIG"]), ranks=ranks,
+                                  batches=p["SCAN_BATCHES"], seq_len=p["SCAN_SEQ_LEN"], dtype=dtype)
+    for mode, extra in (("ddp", []), ("fsdp", ["--meta-init"])):
+        jobs += [Job("TP4.2", day.command(mode, *extra, "--batch-size", b, "--seq-len", p["SCAN_SEQ_LEN"],
+                                          "--memory-limit", p["SCAN_LIMIT_MB"] or scan["limit_mb"],
+                                          config=p["SCAN_CONFIG"], steps=2), ranks, "either")
+                 for b in p["SCAN_BATCHES"]]
+    jobs += [Job("TP4.2", day.command("fsdp", "--data", "text", *compile_, steps=p["COMPILE_STEPS"]), ranks)
+             for compile_ in ([], ["--compile"])]
+    pp = lambda schedule, m: day.command("pp", "--pp-schedule", schedule, "--microbatches", m, "--seq-len",
+                                         p["PP_SEQ_LEN"], "--batch-size", max(p["BATCH"], 2 * max(p["MICROBATCHES"])),
+                                         steps=p["PP_STEPS"])
+    jobs += [Job("TP4.3", pp("gpipe", m), ranks) for m in p["MICROBATCHES"]]
+    jobs.append(Job("TP4.3", pp("1f1b", p["MICROBATCHES"][-1]), ranks))
+    jobs += [Job("TP4.4", day.command(None, script="check_tp.py"), ranks),
+             Job("TP4.5", day.command(None, script="check_cp.py"), ranks)]
+    jobs += [Job("TP4.6", day.command(m, "--data", "text", "--grad-norm"), ranks)
+             for m in p["LOSS_MODES"] if m not in p["MEMORY_MODES"]]
+    jobs.append(Job("TP4.7", day.command(None, "--config", p.get("COMPRESS_CONFIG", p["CONFIG"]), "--train-steps",
+                                         p["COMPRESS_STEPS"], "--sparsities", *p["COMPRESS_SPARSITIES"],
+                                         script="compress_bench.py"), 1))
+    return jobs
+
+
+def oom_sizes(p: dict, ranks: int) -> list:
+    """TP4.2's OOM demo: a tiny batch, one sequence per rank (the weights and their states are the point)."""
+    return ["--batch-size", 2, "--seq-len", 16]
+
+
+# ---- one job, checked ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _scripts_on_path(folder: Path):
+    """Import a script of `folder` as its job would (`from common import ...`), then put sys back as it was."""
+    saved = {name: module for name, module in sys.modules.items() if name == "common" or name.startswith("common.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        for name in [n for n in sys.modules if n == "common" or n.startswith("common.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def script_parser(script: Path):
+    """The parse_args function of a script of tp_scripts/llm (train_llm.py's lives in common/llm_options.py)."""
+    if script.name == "train_llm.py":
+        return common_module(script.parent, "llm_options").parse_args
+    with _scripts_on_path(script.parent):
+        spec = importlib.util.spec_from_file_location(f"_dlokit_plan_{script.stem}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module.parse_args
+
+
+def parse(job: Job):
+    """(the script's path, its parsed options) or raise ValueError with what the script would say."""
+    argv = shlex.split(job.command)
+    script = Path(argv[0])
+    try:
+        return script, script_parser(script)(argv[1:])
+    except SystemExit:  # argparse has printed why
+        raise ValueError(f"{script.name} refuses its options (exit 2)") from None
+
+
+def train_llm_need(args, ranks: int) -> tuple[float, str]:
+    """GiB per rank of a train_llm.py job on CUDA, after its options pass the script's own checks (else raise)."""
+    options = common_module(LLM, "llm_options")
+    config = common_module(LLM, "model").get_config(args.config, max_seq_len=args.seq_len)
+    dims = options.plan_degrees(args, config, ranks)  # ArgumentsError: what the job would print before exiting 2
+    record = {**vars(args), **dims.degrees(), "model": asdict(config)}
+    need = memory_model.estimate_for_run(record, cuda=True).total
+    if dims.data_parallel in ("ddp", "zero1"):  # DDP's buckets: a copy of the gradients (llm_memory.layout_need_mb)
+        need += 4 * memory_model.params_on_rank(record["model"], dims.tp, dims.pp)
+    return need / GIB, f"{dims.data_parallel or 'none'} dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp}"
+
+
+def check(job: Job, card_gib: float, cpu_job: Job | None = None) -> dict:
+    """One job against a card: {"tp", "job", "ranks", "need_gib", "limit_gib", "usable_gib", "finding"}
+    ("finding": None when it will run as its cell expects). cpu_job: the same job at the notebook's CPU sizes."""
+    usable = usable_gib(card_gib, job.ranks)
+    row = {"tp": job.tp, "job": _short(job.command), "ranks": job.ranks, "need_gib": None, "limit_gib": None,
+           "usable_gib": round(usable, 1), "finding": None}
+    try:
+        script, args = parse(job)
+        if script.name in CPU_ONLY:
+            if cpu_job is not None and shlex.split(job.command)[1:] != shlex.split(cpu_job.command)[1:]:
+                row["finding"] = f"{script.name} runs on the CPU: keep its CPU sizes ({_short(cpu_job.command)})"
+            return row
+        if script.name != "train_llm.py":
+            return row  # the checkers: their own small shapes, whatever the day's sizes
+        need, layout = train_llm_need(args, job.ranks)
+    except ValueError as error:  # ArgumentsError is one
+        return {**row, "finding": f"refused: {error}"}
+    row.update(need_gib=round(need, 1), layout=layout)
+    limit = args.memory_limit / 1024 if args.memory_limit else None
+    row["limit_gib"] = round(limit, 1) if limit else None
+    if limit and limit > usable:
+        row["finding"] = f"--memory-limit {limit:.1f} GiB is more than the {usable:.1f} GiB a {card_gib} GB card gives"
+    elif job.expect == "fits" and need > min(usable, limit or usable):
+        row["finding"] = f"out of memory: needs {need:.1f} GiB per rank, {min(usable, limit or usable):.1f} GiB there"
+    elif job.expect == "out of memory" and need <= (limit or usable):
+        row["finding"] = f"fits ({need:.1f} GiB under {limit or usable:.1f}), but its cell expects it out of memory"
+    return row
+
+
+def _short(command: str) -> str:
+    argv = shlex.split(command)
+    groups = [(o, v) for o, v in option_groups(argv[1:]) if o not in ("--runs-dir", "--solution")]
+    return " ".join([Path(argv[0]).name, *(" ".join([o, *v]) for o, v in groups)])
+
+
+def plan(ranks: int = 4, card_gib: float = 80, sizes: dict | None = None) -> list[dict]:
+    """Every Day-4 job at the notebook's parameters updated with `sizes` (default GPU_SIZES), on a node of `ranks`
+    cards of `card_gib` GB each: a row per job (check)."""
+    cpu = notebook_parameters()
+    gpu = {**cpu, **(GPU_SIZES if sizes is None else sizes), "RANKS": ranks}
+    cpu_jobs = day4_jobs(cpu, ranks=cpu["RANKS"], dtype="fp32")
+    rows = []
+    for job in day4_jobs(gpu, ranks):
+        same = next((c for c in cpu_jobs if c.tp == job.tp and _script(c) == _script(job)), None)
+        rows.append(check(job, card_gib, same))
+    return rows
+
+
+def _script(job: Job) -> str:
+    return Path(shlex.split(job.command)[0]).name
+
+
+def findings(rows: list[dict]) -> list[dict]:
+    return [row for row in rows if row["finding"]]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Day 4's jobs at the GPU sizes: valid, and planned to fit")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--card-gib", type=float, nargs="+", default=list(CARDS_GIB))
+    args = parser.parse_args(argv)
+    for ranks in args.ranks:
+        for card in args.card_gib:
+            rows = plan(ranks, card)
+            print(f"\n{ranks} x {card:g} GB: {len(findings(rows))} finding(s) in {len(rows)} jobs")
+            for row in rows:
+                need = f"{row['need_gib']:6.1f}" if row["need_gib"] is not None else "     -"
+                print(f"  {row['tp']}  {need} GiB  {row['finding'] or 'ok'}  <- {row['job']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
