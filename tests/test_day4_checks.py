@@ -60,10 +60,9 @@ def test_a_memory_limit_must_be_a_positive_number_of_mib(value, capsys):
     assert train_llm.parse_args(["--memory-limit", "359"]).memory_limit == 359.0
 
 
-def test_pipeline_refuses_tied_embeddings():
+def test_pipeline_takes_tied_embeddings():  # each end keeps a copy; test_day4_parallel: the single model's numbers
     args = train_llm.parse_args(["--mode", "pp", "--config", "125m"])
-    with pytest.raises(train_llm.ArgumentsError, match="tied"):
-        train_llm.plan_degrees(args, model_lib.get_config("125m", max_seq_len=64), 2)
+    assert train_llm.plan_degrees(args, model_lib.get_config("125m", max_seq_len=64), 2).pp == 2
 
 
 def _saved_activation_bytes(model, run):

@@ -160,6 +160,17 @@ def test_parallel_run_matches_single_process(runs, reference, name):
         assert 0 <= s["pp_idle_fraction_measured"] < 1
 
 
+@pytest.mark.parametrize("schedule, nproc", [("1f1b", 2), ("interleaved", 2)])
+def test_pipeline_of_a_tied_model_matches_single_process(tmp_path, schedule, nproc):
+    """125m, 1b and 3b tie the output to the embedding: the first and the last stage each keep a copy and add
+    each other's gradient, so the pipeline trains the single model (losses and gradient norms, step by step)."""
+    tied = [option if option != "tiny" else "tiny-tied" for option in COMMON]
+    launch(tmp_path, "single-tied", tied)
+    launch(tmp_path, "pp-tied", tied + ["--mode", "pp", "--pp-schedule", schedule, "--microbatches", "4"], nproc=nproc)
+    for rank in range(nproc):
+        assert_same_run(steps(tmp_path, "single-tied"), steps(tmp_path, "pp-tied", rank))
+
+
 def test_the_reference_learns_so_a_wrong_gradient_would_show(reference):
     """The loss-match runs are on text: the single process's loss falls within 6 steps."""
     _, expected = reference

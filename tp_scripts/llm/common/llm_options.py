@@ -91,8 +91,6 @@ def plan_degrees(args, config, world: int) -> ParallelDims:
         microbatches = 1 if args.pp_schedule == "naive" else args.microbatches
         if config.n_layers % (pp * virtual):
             raise ArgumentsError(f"n_layers = {config.n_layers} is not divisible by pp x virtual stages = {pp} x {virtual}")
-        if config.tie_embeddings:
-            raise ArgumentsError("pipeline stages cannot share the tied embedding/output weight; use an untied config")
         if args.batch_size % microbatches:
             raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by --microbatches {microbatches}")
     if cp > 1 and args.seq_len % (2 * cp):

@@ -35,6 +35,9 @@ class LlamaConfig:
 CONFIGS = {
     # CPU tests: bytes as tokens, a few hundred thousand parameters.
     "tiny": LlamaConfig(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256, max_seq_len=64),
+    # CPU tests of a tied model (as 125m, 1b, 3b) under every layout, the pipeline's two copies of the weight included.
+    "tiny-tied": LlamaConfig(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=176, vocab_size=256, max_seq_len=64,
+                             tie_embeddings=True),
     # CPU demos where the loss should visibly fall in a minute.
     "small": LlamaConfig(dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=256, max_seq_len=256),
     # DDP out of memory, FSDP2 fits (Day 4): ~95 M weights, so model states (16 bytes a weight with AdamW

@@ -7,6 +7,10 @@ gpipe       : the batch is cut into m micro-batches; all forwards, then all back
 interleaved : each rank holds v non-consecutive stages (rank r: stages r, r+p, ...); the bubble
               shrinks by v at the price of v times more sends.
 
+A tied model (125m, 1b, 3b: the output projection is the embedding's weight) keeps one copy of that weight on
+the first stage and one on the last; after each backward the two stages add each other's gradient (Megatron's
+embedding all-reduce, here a send and a receive), so both copies take the single model's step.
+
 The bubble, as the idle fraction of a step: (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1)
 interleaved (idle over ideal time, the other usual form, is (p - 1) / m).
 
@@ -88,6 +92,7 @@ class Pipeline:
             self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
         else:
             self.schedule = SCHEDULES[schedule_name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+        self.tied = self._tied_copy() if model.config.tie_embeddings else None
         self.timeline = Timeline(device)
         self.actions = []  # this step's ("F" | "B" | "W", stage, micro-batch), in the order they ran
         for stage in stages:
@@ -100,6 +105,27 @@ class Pipeline:
             with self.timeline.section(stage=stage.stage_index, microbatch=mb_index, phase="loss"):
                 return maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs)
         self.schedule._maybe_compute_loss = timed_loss
+
+    def _tied_copy(self):
+        """(this rank's copy of the tied weight, the rank holding the other copy), or None on a middle rank.
+        The last stage's copy is marked `tied_copy`: the gradient norm counts the weight once."""
+        first, last = 0, self.num_stages - 1
+        for module, stage in zip(self.modules, self.ids):
+            if stage == first:
+                return module.tok_embeddings.weight, dist.get_global_rank(self.group, self.pp_size - 1)
+            if stage == last:
+                module.output.weight.tied_copy = True
+                return module.output.weight, dist.get_global_rank(self.group, 0)
+        return None
+
+    def _add_tied_gradients(self):
+        weight, peer = self.tied
+        other = torch.empty_like(weight.grad)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, weight.grad, peer, self.group),
+                                        dist.P2POp(dist.irecv, other, peer, self.group)])
+        for work in works:
+            work.wait()
+        weight.grad += other
 
     def _instrument(self, stage):
         for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"),
@@ -121,6 +147,8 @@ class Pipeline:
         dist.barrier(group=self.group)
         self.timeline.start()
         self.schedule.step(*args, **kwargs)
+        if self.tied is not None:
+            self._add_tied_gradients()
         # the loss exists on the last stage only: give every rank the same number to log
         loss = torch.stack(losses).mean().detach().float() if losses else torch.zeros((), device=self.device)
         dist.all_reduce(loss, group=self.group)  # also ends the step together: the last stage has finished
