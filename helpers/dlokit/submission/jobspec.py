@@ -123,9 +123,10 @@ def format_seconds(seconds: int) -> str:
     return f"{days}-{text}" if days else text
 
 
-def check_name(name: str) -> None:
+def check_name(name: str, label: str = "job name") -> None:
+    """`label`: what the cell calls it (a notebook's NICKNAME becomes the job name)."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
-        raise JobSpecError(f"job name {name!r}: use 1-64 letters, digits, '.', '_' or '-' starting with a "
+        raise JobSpecError(f"{label} {name!r}: use 1-64 letters, digits, '.', '_' or '-' starting with a "
                            "letter or digit (it becomes a file name and a squeue filter), e.g. 'alice'")
 
 
