@@ -42,6 +42,10 @@ GPU_SIZES = {
     "SCAN_CONFIG": "1b", "SCAN_SEQ_LEN": 2048, "SCAN_BATCHES": [8, 16, 32, 64],
     "LOSS_MODES": ["ddp", "zero1", "fsdp", "tp-scratch", "tp", "pp", "cp", "fsdp-tp", "hsdp"],
 }
+# On 40 GB cards the 1b model's single-process reference cannot fit (its weights, gradients and AdamW states alone
+# take 23 GiB, its logits at 2048 tokens most of the rest): the day runs the 125m model on 4 ranks (125m's 12 layers
+# do not split into 8 pipeline stages), and the batch scan keeps 1b at shorter sequences.
+SMALLER_CARDS = {40: {"RANKS": 4, "CONFIG": "125m", "SCAN_SEQ_LEN": 256}}
 DTYPE = "bf16"  # what Day 1 keeps on a GPU, carried into every train_llm.py command
 CARDS_GIB = (80, 40)
 
@@ -117,15 +121,15 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
              Job("TP4.5", day.command(None, script="check_cp.py"), ranks)]
     jobs += [Job("TP4.6", day.command(m, "--data", "text", "--grad-norm"), ranks)
              for m in p["LOSS_MODES"] if m not in p["MEMORY_MODES"]]
-    jobs.append(Job("TP4.7", day.command(None, "--config", p.get("COMPRESS_CONFIG", p["CONFIG"]), "--train-steps",
+    jobs.append(Job("TP4.7", day.command(None, "--config", p["COMPRESS_CONFIG"], "--train-steps",
                                          p["COMPRESS_STEPS"], "--sparsities", *p["COMPRESS_SPARSITIES"],
                                          script="compress_bench.py"), 1))
     return jobs
 
 
 def oom_sizes(p: dict, ranks: int) -> list:
-    """TP4.2's OOM demo: a tiny batch, one sequence per rank (the weights and their states are the point)."""
-    return ["--batch-size", 2, "--seq-len", 16]
+    """TP4.2's OOM demo: one sequence per rank (the weights and their states are the point)."""
+    return ["--batch-size", ranks, "--seq-len", 16]
 
 
 # ---- one job, checked ---------------------------------------------------------------------------------------
