@@ -1,5 +1,5 @@
-"""One bad file never breaks a view: a corpus of damaged run records, job cards and result pickles
-thrown at every public view of dlokit.analysis, every check of dlokit.checks and the job helpers.
+"""One bad file never breaks a view: a corpus of damaged run records, job cards and usage records (how each task
+ended) thrown at every public view of dlokit.analysis, every check of dlokit.checks and the job helpers.
 
 Each damaged run must show up as a row whose state (or `problems`) says what is wrong, the good run must
 keep its numbers, and garbage lines must never count as steps.
@@ -337,7 +337,7 @@ def test_every_check_says_what_is_wrong_with_a_damaged_run(profile_runs, capsys)
     assert isinstance(checks.scoreboard(), pd.DataFrame)
 
 
-# ---- job cards and result pickles -----------------------------------------------------------------------
+# ---- job cards and usage records -------------------------------------------------------------------------
 
 DEAD_PID = "4194999"  # above any pid_max: never a live launcher
 
@@ -353,8 +353,18 @@ def write_card(logs: Path, job_id: str, **changes) -> jobs.JobCard:
     return card
 
 
-def result_file(card: jobs.JobCard) -> Path:
-    return Path(card.folder) / f"{card.scheduler_id}_0_result.pkl"
+def usage_file(card: jobs.JobCard, task: int = 0) -> Path:
+    return Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json"
+
+
+class Planted:
+    """A pickle that runs a command when loaded: what a student could leave as submitit's result file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
 
 
 @pytest.fixture
@@ -364,22 +374,35 @@ def job_corpus(workspace):
     logs = dlokit.current_profile().logs
     outcomes = {}
     done = write_card(logs, "1123-104259-e3c1")
-    result_file(done).write_bytes(pickle.dumps(("success", 42)))
+    usage_file(done).write_text(json.dumps({"returncode": 0, "peak_rss_mb": 12.0}))
     done.log_path().write_text("epoch 1\n")
+    # submitit's result pickle is never read: one that would run a command changes nothing
+    (Path(done.folder) / f"{done.scheduler_id}_0_result.pkl").write_bytes(
+        pickle.dumps(Planted(workspace / "pickle-ran")))
     outcomes[done.job_id] = ("COMPLETED", "")
     failed = write_card(logs, "1123-104259-e3c2")
-    result_file(failed).write_bytes(pickle.dumps(("error", "Traceback ...")))
+    usage_file(failed).write_text(json.dumps({"returncode": 1}))
     failed.log_path(err=True).write_text("Traceback (most recent call last):\n  File \"x\"\nValueError: boom\n")
     outcomes[failed.job_id] = ("FAILED", "ValueError: boom")
     for job_id, content, why in (
             ("1123-104259-e3c3", b"", "empty"), ("1123-104259-e3c4", b"\x80\x04garbage\xff" * 10, "cannot be read"),
             ("1123-104259-e3c5", bytes(NOISE.randrange(256) for _ in range(3000)), "cannot be read"),
-            ("1123-104259-e3c6", pickle.dumps(42), "not submitit's"),
-            ("1123-104259-e3c7", pickle.dumps(("weird", 1)), "not submitit's"),
-            ("1123-104259-e3c8", pickle.dumps(("success", 1))[:-3], "truncated")):
+            ("1123-104259-e3c6", b"42", "not the kit's"),
+            ("1123-104259-e3c7", b'{"returncode": "0"}', "not the kit's"),
+            ("1123-104259-e3c8", b'{"returncode": true}', "not the kit's"),
+            ("1123-104259-e3c9", b'{"returncode": 0, "peak', "cannot be read")):
         card = write_card(logs, job_id)
-        result_file(card).write_bytes(content)
+        usage_file(card).write_bytes(content)
         outcomes[job_id] = ("UNKNOWN", why)
+    fifo = write_card(logs, "1123-104259-e3ca")
+    os.mkfifo(usage_file(fifo))  # opened for reading, it would block the reader until someone writes
+    outcomes[fifo.job_id] = ("UNKNOWN", "a FIFO, not a regular file")
+    linked = write_card(logs, "1123-104259-e3cb")
+    usage_file(linked).symlink_to(usage_file(done))
+    outcomes[linked.job_id] = ("UNKNOWN", "a symbolic link")
+    folder_usage = write_card(logs, "1123-104259-e3cc")
+    usage_file(folder_usage).mkdir()
+    outcomes[folder_usage.job_id] = ("UNKNOWN", "a folder")
     folder = logs / "fuzz"
     good = json.loads(done.path.read_text())
     broken = {}
@@ -402,9 +425,14 @@ def job_corpus(workspace):
     card("b-submitted", {**good, "job_id": "b-submitted", "submitted_at": "today"}, "'submitted_at' is str")
     card("b-argv", {**good, "job_id": "b-argv", "argv": "train.py"}, "'argv' is str")
     card("b-job-id", {**good, "job_id": "../../etc"}, "not a job id")
+    card("b-cluster", {**good, "job_id": "b-cluster", "cluster": "../x"}, "not a cluster name")
     card("b-binary", bytes(NOISE.randrange(256) for _ in range(500)), "")
     (folder / "b-dir_job.json").mkdir()
-    broken["b-dir"] = "cannot be read"
+    broken["b-dir"] = "a folder, not a regular file"
+    os.mkfifo(folder / "b-fifo_job.json")
+    broken["b-fifo"] = "a FIFO, not a regular file"
+    (folder / "b-link_job.json").symlink_to(done.path)
+    broken["b-link"] = "a symbolic link"
     return outcomes, broken
 
 
@@ -424,30 +452,31 @@ def test_broken_job_cards_are_skipped_and_named(job_corpus):
     assert isinstance(dlokit.job_table(), pd.DataFrame) and isinstance(dlokit.job_table("fuzz"), pd.DataFrame)
 
 
-def test_result_reader_says_unknown_with_the_reason(job_corpus):
+def test_usage_reader_says_unknown_with_the_reason(job_corpus):
     outcomes, _ = job_corpus
     for job_id, (state, why) in outcomes.items():
         card = jobs.find_card(job_id)
-        result = jobs._result(card)
-        unknown = jobs.result_unknown(card)
+        record, problem = jobs.usage_record(card, 0)
         if state == "UNKNOWN":
-            assert result[0] == "unknown" and why in result[1] and result_file(card).name in result[1]
-            assert unknown.state == "UNKNOWN" and why in unknown.cause
+            assert record is None and why in problem and usage_file(card).name in problem, (job_id, problem)
         else:
-            assert result[0] in ("success", "error") and unknown is None
+            assert isinstance(record["returncode"], int) and problem == ""
 
 
-def test_a_damaged_result_pickle_never_reads_as_completed_or_failed(job_corpus):
-    """Needs job_outcome (_local_outcome) to consult jobs.result_unknown() for a finished local job."""
+def test_a_damaged_usage_record_never_reads_as_completed_or_failed(job_corpus, workspace):
+    """job_outcome (_local_outcome) decides from the usage records, never from submitit's result pickle."""
     outcomes, _ = job_corpus
     for job_id, (state, why) in outcomes.items():
         outcome = dlokit.job_outcome(job_id)
         assert outcome.state == state and why in outcome.cause, (job_id, str(outcome))
+    assert not (workspace / "pickle-ran").exists()  # the planted result pickle was never loaded
 
 
 def test_tail_and_traceback_tail_survive_odd_logs(job_corpus, tmp_path):
     outcomes, _ = job_corpus
     assert jobs.tail(tmp_path) == "" and jobs.tail(tmp_path / "absent") == ""
+    os.mkfifo(tmp_path / "fifo.out")
+    assert jobs.tail(tmp_path / "fifo.out") == ""  # never opened for good: it would block
     card = jobs.find_card(next(iter(outcomes)))
     card.log_path(err=True).write_bytes(b"\xff\xfe Traceback\n" + bytes(NOISE.randrange(256) for _ in range(20_000)))
     assert isinstance(jobs.traceback_tail(card), str)

@@ -1,16 +1,23 @@
 """Submitted jobs: their cards on disk, their logs, their state and how they ended.
 
-Every job gets a card `<log folder>/<name>/<job_id>_job.json` next to submitit's logs
-(`<job_id>_<task>_log.out|err`, and `<job_id>_submission.sh` on Slurm), so a notebook reopened
-tomorrow still finds its jobs.
+Every job gets a card `<log folder>/<name>/<job_id>_job.json` (a Slurm job: `<job_id>@<cluster>_job.json`,
+job ids of two clusters collide) next to submitit's logs (`<job_id>_<task>_log.out|err`, and
+`<job_id>_submission.sh` on Slurm), so a notebook reopened tomorrow still finds its jobs.
+
+Nothing read from a job folder is unpickled (it may be another user's, read by the class report): a job's
+outcome comes from the scheduler and from JSON the kit writes (`<job>_<task>_usage.json`), read as regular
+files only (never a FIFO, a device or a symbolic link), and never more than a bounded size.
 """
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import textwrap
 import time
@@ -52,6 +59,7 @@ class JobCard:
     cancelled_at: float | None = None
     extra: dict = field(default_factory=dict)
     native_id: str = ""  # the scheduler's own id where it differs (local: the launcher's pid)
+    cluster: str = ""  # the Slurm cluster's name (ClusterName): job ids are the cluster's own; "" locally
 
     @property
     def scheduler_id(self) -> str:
@@ -59,7 +67,8 @@ class JobCard:
 
     @property
     def path(self) -> Path:
-        return Path(self.folder) / f"{self.job_id}_job.json"
+        return Path(self.folder) / (f"{self.job_id}@{self.cluster}_job.json" if self.cluster else
+                                    f"{self.job_id}_job.json")
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -73,8 +82,8 @@ class JobCard:
         """A note written beside the job: the local launcher's (`waiting`, `started`...) or its task's (`history`
         of a job that requeued itself, dlokit.race.requeue); {} when absent or unreadable."""
         try:
-            value = json.loads((Path(self.folder) / f"{self.scheduler_id}_{kind}.json").read_text())
-        except (OSError, ValueError):
+            value = json.loads(read_regular(Path(self.folder) / f"{self.scheduler_id}_{kind}.json"))
+        except (OSError, ValueError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
 
@@ -104,6 +113,78 @@ def remember(card: JobCard, job) -> None:
     _live_jobs[card.job_id] = job
 
 
+# ---- files of a job folder (maybe another user's) -------------------------------------------
+
+MAX_NOTE_BYTES = 4 * 1024 ** 2  # a card, a note, a usage record: the kit writes a few hundred bytes
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_regular(path: Path, limit: int = MAX_NOTE_BYTES, last: bool = False) -> bytes:
+    """The first (last=True: the last) `limit` bytes of a regular file. Never follows a symbolic link, never
+    opens a FIFO or a device for good (O_NONBLOCK, then fstat): the folder may be another user's, who could
+    plant one to hang or mislead the reader. OSError naming what the file is when it is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link, not a regular file: not followed", str(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file: not read", str(path))
+        if last:
+            os.lseek(fd, max(0, os.fstat(fd).st_size - limit), os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+RECORD_FILES = ("run.json", "summary.json", "metrics.jsonl")
+MAX_RECORD_BYTES = 512 * 1024 ** 2  # a run record's metrics of a long training stay far below
+
+
+def record_refused(run_dir: Path) -> str:
+    """Why a run record must not be read ('' when it may): a rank folder or a record file that is not a plain
+    folder or regular file (a FIFO would hang the reader), or a file past MAX_RECORD_BYTES."""
+    try:
+        ranks = [p for p in Path(run_dir).iterdir() if p.name.startswith("rank")] if Path(run_dir).is_dir() else []
+    except OSError as error:
+        return f"{run_dir}: cannot be listed ({error.strerror or error})"
+    for rank in ranks:
+        try:
+            mode = rank.lstat().st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            return f"{rank.name}: {_kind(mode)}, refused"
+        for name in RECORD_FILES if stat.S_ISDIR(mode) else ():
+            try:
+                info = (rank / name).lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+                return f"{rank.name}/{name}: {_kind(info.st_mode)}, not a regular file: refused"
+            if info.st_size > MAX_RECORD_BYTES:
+                return f"{rank.name}/{name}: {info.st_size / 1024 ** 2:.0f} MiB, refused (over {MAX_RECORD_BYTES // 1024 ** 2})"
+    return ""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
+
+
 # ---- job cards on disk ------------------------------------------------------------------------
 
 MAX_TASKS = 65536  # a card asking for more tasks is not one the kit wrote (and would make loops endless)
@@ -117,12 +198,12 @@ class BadCard(ValueError):
 
 def load_card(path: Path) -> JobCard:
     """The JobCard in a `<job_id>_job.json`; BadCard naming the file and why when it is not one
-    (unreadable, not UTF-8, truncated JSON, not an object, a field missing or of the wrong type).
-    Fields the card has and this kit does not know (a newer kit's) are ignored."""
+    (unreadable, not a regular file, not UTF-8, truncated JSON, not an object, a field missing or of the
+    wrong type). Fields the card has and this kit does not know (a newer kit's) are ignored."""
     import dataclasses
 
     try:
-        value = json.loads(Path(path).read_bytes().decode("utf-8"))
+        value = json.loads(read_regular(Path(path)).decode("utf-8"))
     except OSError as error:
         raise BadCard(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError:
@@ -145,6 +226,8 @@ def load_card(path: Path) -> JobCard:
     card = JobCard(**fields)
     if not JOB_ID_PATTERN.fullmatch(card.job_id) or (card.native_id and not JOB_ID_PATTERN.fullmatch(card.native_id)):
         raise BadCard(f"{path}: job id {card.job_id!r} / {card.native_id!r} is not a job id")
+    if card.cluster and not JOB_ID_PATTERN.fullmatch(card.cluster):
+        raise BadCard(f"{path}: cluster {card.cluster!r} is not a cluster name")
     if not 0 <= card.tasks <= MAX_TASKS:
         raise BadCard(f"{path}: {card.tasks} tasks")
     return card
@@ -176,18 +259,74 @@ def check_job_id(job_id) -> str:
     return text
 
 
+_clusters: dict[tuple, str] = {}  # ClusterName by (SLURM_CONF, its mtime): asked once per configuration
+
+
+def current_cluster() -> str:
+    """The name of the Slurm cluster this session talks to (ClusterName in its slurm.conf, else from
+    `scontrol show config`); "" where there is none, or it cannot be known."""
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        key = (str(conf), conf.stat().st_mtime)
+    except OSError:
+        key = (str(conf), None)
+    if key not in _clusters:
+        _clusters[key] = _cluster_name(conf, key[1] is not None)
+    return _clusters[key]
+
+
+def _cluster_name(conf: Path, exists: bool) -> str:
+    if exists:
+        try:
+            for line in read_regular(conf).decode(errors="replace").splitlines():
+                name, _, value = line.split("#")[0].partition("=")
+                if name.strip().lower() == "clustername" and value.strip():
+                    return value.strip().lower()  # Slurm lowers it too
+        except OSError:
+            pass
+        return ""
+    if os.environ.get("SLURM_CONF") or not shutil.which("scontrol"):
+        return ""  # a missing SLURM_CONF: no cluster to ask
+    try:  # configless Slurm: the controller knows
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+    return found.group(1).lower() if found else ""
+
+
+def of_this_cluster(cards: list[JobCard]) -> list[JobCard]:
+    """The cards of jobs of this session's Slurm cluster, and of jobs of no cluster (local ones); where the
+    cluster is not known, those of the one cluster the cards name (none when they name several)."""
+    here = current_cluster()
+    named = {card.cluster for card in cards if card.cluster}
+    if not here and len(named) == 1:
+        here = named.pop()
+    return [card for card in cards if card.cluster in ("", here)]
+
+
 def find_card(job_id: str, log_dir: Path | None = None) -> JobCard:
-    """The card of a job; LookupError when there is none, or when its card is broken (naming the file and why)."""
+    """The card of a job of this session's cluster (never another cluster's job of the same id); LookupError
+    when there is none, or when its card is broken (naming the file and why)."""
     root = log_dir or current_profile().logs
-    matches = sorted(root.glob(f"*/{check_job_id(job_id)}_job.json"))
+    job_id = check_job_id(job_id)
+    matches = sorted(root.glob(f"*/{job_id}_job.json")) + sorted(root.glob(f"*/{job_id}@*_job.json"))
     if not matches:
         raise LookupError(f"no job {job_id!r} under {root}: was it submitted with another profile or log folder?")
-    problems = []
+    cards, problems = [], []
     for path in matches:
         try:
-            return load_card(path)
+            cards.append(load_card(path))
         except BadCard as error:
             problems.append(str(error))
+    mine = sorted(of_this_cluster(cards), key=lambda card: not card.cluster)  # the cluster's own card first
+    if mine:
+        return mine[0]
+    if cards:
+        others = ", ".join(sorted({card.cluster for card in cards}))
+        raise LookupError(f"job {job_id!r} under {root} is a job of Slurm cluster(s) {others}, not of this session's "
+                          f"({current_cluster() or 'none known: SLURM_CONF'}): job ids are each cluster's own; "
+                          "set SLURM_CONF to that cluster's slurm.conf to follow it")
     raise LookupError(f"job {job_id!r} has a broken job card: " + "; ".join(problems))
 
 
@@ -204,19 +343,29 @@ def script_line(card: JobCard, task: int = 0) -> str:
 def search_log(name: str | None = None, contains: str | None = None, with_err: bool = False,
                log_dir: Path | None = None) -> list[str]:
     """Log files of your jobs, job by job in submission order, then task 0, 1, ... (`[0]` is task 0 of
-    the first job), filtered by job name and by a text in the job id or the file name."""
+    the first job), filtered by job name and by a job id: `contains` is the job's id (or the scheduler's),
+    or a whole part of it ('12' finds array job 12_3 and local job 1128-104259-e3c1 is found by 'e3c1'),
+    never a piece of another number ('1' does not find job 12). Jobs of another Slurm cluster are left out."""
     root = log_dir or current_profile().logs
     if name is not None:
         check_name_like(name)
     suffixes = ("out", "err") if with_err else ("out",)
+    cards = all_cards(name, root)
+    if contains is not None:
+        cards = [card for card in of_this_cluster(cards) if str(contains).strip() in _id_tokens(card)]
     paths = []
-    for card in all_cards(name, root):
-        if contains is not None and str(contains) not in card.job_id and str(contains) not in card.scheduler_id \
-                and not any(str(contains) in card.log_path(t).name for t in range(card.tasks)):
-            continue
+    for card in cards:
         for task in range(card.tasks):
             paths += [card.log_path(task, err=s == "err") for s in suffixes]
     return [str(p) for p in paths if p.exists()]
+
+
+def _id_tokens(card: JobCard) -> set[str]:
+    """The job's ids and their whole parts: '12_3' -> {'12_3', '12'}; '1128-104259-e3c1' -> it, 1128, 104259, e3c1."""
+    tokens = set()
+    for job_id in {card.job_id, card.scheduler_id}:
+        tokens |= {job_id, job_id.split("_")[0], *re.split(r"[-.]", job_id)}
+    return tokens - {""}
 
 
 def check_name_like(name: str) -> None:
@@ -227,10 +376,8 @@ def check_name_like(name: str) -> None:
 def tail(path: Path, lines: int = 1) -> str:
     """The last non-blank lines of a text file (of its last 8 KiB); "" when it cannot be read."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 8192))
-            text = handle.read().decode(errors="replace")
-    except OSError:  # absent, a folder, no permission
+        text = read_regular(Path(path), 8192, last=True).decode(errors="replace")
+    except OSError:  # absent, a folder, a FIFO, no permission
         return ""
     kept = [line for line in text.splitlines() if line.strip()]
     return "\n".join(kept[-lines:])
@@ -257,22 +404,50 @@ def _slurm_mb(text: str) -> float | None:
                                      "P": 1024 ** 3}[match.group(2)]
 
 
+def slurm_config_problem() -> str:
+    """Why the Slurm commands cannot work here at all ('' when they may): SLURM_CONF naming a missing file
+    (sacct and squeue would retry for a minute before saying so)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():
+        return (f"SLURM_CONF names {conf}, which is not a file: no Slurm command can reach the cluster (is the "
+                "cluster's state folder gone? source its env.sh again, or unset SLURM_CONF)")
+    return ""
+
+
+def said(answer) -> str:
+    """The last line a Slurm command wrote on stderr (a CompletedProcess or a TimeoutExpired, whose stderr may be
+    bytes), or what went wrong running it."""
+    stderr = getattr(answer, "stderr", None)
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    lines = (stderr or "").strip().splitlines()
+    if isinstance(answer, subprocess.TimeoutExpired):
+        return f"no answer within {answer.timeout:.0f} s" + (f": {lines[-1]}" if lines else "")
+    if isinstance(answer, BaseException):
+        return str(answer)
+    return lines[-1] if lines else "no message"
+
+
 def _sacct(job_id: str) -> dict | None:
-    """The job's accounting line, with its steps' peak memory (MaxRSS) and the memory it asked for."""
+    """The job's accounting line, with its steps' peak memory (MaxRSS), the memory it asked for and its nodes;
+    None when sacct does not answer."""
+    if slurm_config_problem():
+        return None
     try:
-        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed,MaxRSS,ReqMem"],
+        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o",
+                              "JobID,State,ExitCode,Elapsed,MaxRSS,ReqMem,NodeList"],
                              capture_output=True, text=True, timeout=20).stdout
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
     row, peaks = None, []
     for line in out.splitlines():
         fields = line.split("|")
-        if len(fields) != 6:
+        if len(fields) != 7:
             continue
-        jid, state, exit_code, elapsed, max_rss, req_mem = fields
+        jid, state, exit_code, elapsed, max_rss, req_mem, nodes = fields
         if jid == job_id:
             row = {"state": state.split()[0] if state.split() else "UNKNOWN", "exit_code": exit_code,
-                   "elapsed": elapsed, "req_mem": req_mem}
+                   "elapsed": elapsed, "req_mem": req_mem, "nodes": nodes}
         elif jid.startswith(job_id + ".") and _slurm_mb(max_rss) is not None:
             peaks.append(_slurm_mb(max_rss))
     if row is not None and peaks:
@@ -280,28 +455,32 @@ def _sacct(job_id: str) -> dict | None:
     return row
 
 
+def no_answer(why: str) -> dict:
+    return {"state": NO_ANSWER, "cause": f"no answer from the Slurm controller ({why}): the job's state is not "
+                                         "known; asking again later"}
+
+
 def _squeue_state(card: JobCard) -> dict:
     """Before slurmdbd has the job, squeue knows it (with why a PENDING job waits); a job neither knows is
     UNKNOWN. A controller that does not answer (restarting, or down) makes the job NO_ANSWER, not lost: its state
     is not known, and the cause says so (wait() gives up when that lasts)."""
+    problem = slurm_config_problem()
+    if problem:
+        return no_answer(problem)
     try:  # -t all: also a job that ended a moment ago (MinJobAge), which sacct may still show RUNNING
         done = subprocess.run(["squeue", "-h", "-t", "all", "-j", card.job_id, "-o", "%T|%M|%r"],
                               capture_output=True, text=True, timeout=20)
-        out, failed = done.stdout.split("\n"), done.returncode != 0 and "Invalid job id" not in done.stderr
-    except (FileNotFoundError, subprocess.TimeoutExpired) as err:
-        out, failed, done = [], True, err
-    out = [line for line in out if line.strip()]
+    except (FileNotFoundError, subprocess.TimeoutExpired) as error:
+        return no_answer(f"squeue: {said(error)}")
+    out = [line for line in done.stdout.split("\n") if line.strip()]
     if out:
         state, elapsed, reason = (out[0].split("|") + ["", ""])[:3]
         row = {"state": state, "elapsed": elapsed, "seen": True}
         if state == "PENDING" and reason and reason != "None":
             row["cause"] = f"waiting: {reason} (Slurm's reason)"
         return row
-    if failed:
-        said = (getattr(done, "stderr", "") or str(done)).strip().splitlines()
-        why = textwrap.shorten(said[-1] if said else "no message", 300)  # squeue's own words, whole
-        return {"state": NO_ANSWER, "cause": f"the Slurm controller did not answer (squeue: {why}): the job's state "
-                                             "is not known; asking again later"}
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        return no_answer(f"squeue: {textwrap.shorten(said(done), 300)}")
     if time.time() - card.submitted_at < 60:
         return {"state": "PENDING"}
     return {"state": "UNKNOWN", "cause": "neither squeue nor sacct knows this job (is accounting on?)"}
@@ -320,41 +499,27 @@ def local_alive(card: JobCard) -> bool:
     return b"submitit" in cmdline and card.folder.encode() in cmdline and state != "Z"
 
 
-RESULT_STATUSES = ("success", "error")  # what submitit writes in a result pickle
-UNKNOWN_RESULT = "unknown"
-
-
-def _result(card: JobCard):
-    """submitit's result pickle of task 0: None when there is none, submitit's (status, payload) with status
-    'success' or 'error', or ('unknown', why) when the file is there but says nothing usable (empty,
-    damaged, not submitit's (status, payload) pair) — then the job's outcome is not known."""
-    import pickle
-
-    path = Path(card.folder) / f"{card.scheduler_id}_0_result.pkl"
+def usage_record(card: JobCard, task: int) -> tuple[dict | None, str]:
+    """What a task wrote as it ended, `<job>_<task>_usage.json` (dlokit.in_job.task: its return code, peak memory
+    and limit): (the record, ""); (None, "") when there is none; (None, why) when the file is there but says
+    nothing usable (empty, damaged, not the kit's, not a regular file): then how the task ended is not known."""
+    path = Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json"
     try:
-        with open(path, "rb") as handle:
-            value = pickle.load(handle)
+        data = read_regular(path)
     except FileNotFoundError:
-        return None
-    except EOFError:
-        return UNKNOWN_RESULT, f"the result file {path.name} is empty or cut short"
-    except Exception as error:  # a damaged pickle raises almost anything (UnpicklingError, ValueError, KeyError...)
-        return UNKNOWN_RESULT, f"the result file {path.name} cannot be read ({type(error).__name__}: {error})"[:300]
-    if not (isinstance(value, tuple) and len(value) == 2 and value[0] in RESULT_STATUSES):
-        return UNKNOWN_RESULT, f"the result file {path.name} is not submitit's (status, result) pair"
-    return value
-
-
-def result_unknown(card: JobCard, elapsed: str = "") -> Outcome | None:
-    """An UNKNOWN outcome (with why) when task 0's result file exists but cannot be read, else None.
-
-    For job_outcome on a finished local job: call it before trusting the absence of a 'success' result,
-    so that a damaged or empty result file never reads as FAILED (nor COMPLETED)."""
-    result = _result(card)
-    if result is not None and result[0] == UNKNOWN_RESULT:
-        return Outcome(card.job_id, "UNKNOWN", elapsed=elapsed, cause=f"{result[1]}: look at the job's log "
-                                                    f"(dlokit.search_log(contains='{card.job_id}', with_err=True))")
-    return None
+        return None, ""
+    except OSError as error:
+        return None, f"{path.name} was not read ({error.strerror or error})"
+    if not data.strip():
+        return None, f"{path.name} is empty or cut short"
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, f"{path.name} cannot be read (not JSON: cut short or damaged)"
+    code = value.get("returncode") if isinstance(value, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool):
+        return None, f"{path.name} is not the kit's usage record (no integer 'returncode')"
+    return value, ""
 
 
 def _tasks_failed_first(card: JobCard) -> list[int]:
@@ -370,10 +535,8 @@ def _tasks_failed_first(card: JobCard) -> list[int]:
 
 
 def _task_returncode(card: JobCard, task: int):
-    try:
-        return json.loads((Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json").read_text()).get("returncode")
-    except (OSError, ValueError, AttributeError):
-        return None
+    record, _ = usage_record(card, task)
+    return record["returncode"] if record else None
 
 
 def _err_tails(card: JobCard) -> str:
@@ -415,7 +578,20 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
     `error:` line, not its usage block) or the last traceback lines; memory and disk named when they ran out.
     A race job that requeued itself (dlokit.race) says what each segment did. `log_dir`: another user's job
     folder (the class report), instead of the current profile's."""
-    card = find_card(str(job_id), log_dir)
+    return card_outcome(find_card(str(job_id), log_dir))
+
+
+# a job that ended and left no exit status: what it may mean
+SILENT_END = ("ended without a word (no exit status was written: killed, e.g. SIGKILL, or the machine "
+              "restarted)")
+
+
+def card_outcome(card: JobCard) -> Outcome:
+    """job_outcome of the job of this card (the class report passes the cards it found)."""
+    here = current_cluster()
+    if card.backend == "slurm" and card.cluster and here and card.cluster != here:
+        return Outcome(card.job_id, "UNKNOWN", cause=f"a job of Slurm cluster {card.cluster}, not of this session's "
+                                                     f"({here}): its state is that cluster's to tell")
     row: dict = {}
     if card.backend == "slurm":
         row = _slurm_row(card)
@@ -425,20 +601,25 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         outcome = _local_outcome(card)
     usage = _usage(card)
     if outcome.state == "FAILED":
+        how = outcome.cause  # the local backend's word on how the job ended, when no exit status says it
         raw = traceback_tail(card)
         outcome.cause = _script_error(card) or raw or (_launcher_error(card) if card.backend != "slurm" else "")
         evidence = raw + "\n" + outcome.cause
         logs = raw + "\n" + _err_tails(card)
         if any(sign in logs for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
-        elif (any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS) or _killed_by_kernel(usage)
+        elif (any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS)
               or any(u.get("returncode") == EXIT_OUT_OF_MEMORY for u in usage)):  # a rank said so by its exit code
             outcome.state = "OUT_OF_MEMORY"
         elif any(sign in evidence for sign in DISK_FULL):
             outcome.cause = f"the disk is full (No space left on device): {_last_line(outcome.cause)}\n{outcome.cause}"
-        killed = [-u["returncode"] for u in usage if isinstance(u.get("returncode"), int) and u["returncode"] < 0]
-        if killed and outcome.state == "FAILED":
-            outcome.cause += f"\n(the script was killed by {_signal_name(killed[0])})"
+        killed = _killing_signal(outcome.exit_code, usage)
+        if outcome.state == "FAILED" and (killed or how):
+            # last: the class report shows a cause's last line
+            said_how = f"killed by a signal ({_signal_name(killed)})" if killed else how
+            if killed == signal.SIGKILL:
+                said_how += ": not cancelled through the kit (a kill -9, or the kernel's out-of-memory killer)"
+            outcome.cause = "\n".join(t for t in (outcome.cause, said_how + _last_step(card)) if t)
         stopped = card.launcher_note("stopped_tasks") if card.backend != "slurm" else {}
         if stopped:
             outcome.cause += (f"\n(task {stopped.get('failed_task')} failed with exit code {stopped.get('exit_code')}; "
@@ -449,14 +630,53 @@ def job_outcome(job_id: str, log_dir: Path | None = None) -> Outcome:
         outcome.cause = f"the job reached its time limit ({format_seconds(card.time_seconds)}) and was stopped"
     elif outcome.state == "CANCELLED":
         outcome.cause = "the job was cancelled"
+    elif outcome.state == "NODE_FAIL":
+        outcome.cause = _node_failure(card, row)
     segments = card.launcher_note("history").get("lines") or []  # a job that requeued itself: what each run did
     outcome.cause = "\n".join(text for text in (outcome.cause, *segments) if text)
     return outcome
 
 
+def _killing_signal(exit_code: str, usage: list[dict]) -> int:
+    """The signal that ended the script, from a task's return code (-9) or Slurm's exit code ('0:9'); 0: none."""
+    codes = [u["returncode"] for u in usage if isinstance(u.get("returncode"), int) and u["returncode"] < 0]
+    if codes:
+        return -codes[0]
+    match = re.fullmatch(r"\d+:(\d+)", exit_code or "")
+    return int(match.group(1)) if match else 0
+
+
+def _last_step(card: JobCard) -> str:
+    """'; its run record's last step: N' from the job's run record (rank 0), '' when there is none to read."""
+    from ..analysis.run import load_run
+
+    if not card.run_dir.is_dir() or record_refused(card.run_dir):
+        return ""
+    try:
+        steps = load_run(card.job_id, card.runs_dir).steps
+        numbers = [s for s in steps["step"] if isinstance(s, int) and not isinstance(s, bool)] if "step" in steps else []
+    except Exception:  # a record the reader cannot use says nothing here (the views name what is wrong)
+        return ""
+    return f"; its run record's last step: {max(numbers)}" if numbers else "; its run record has no step"
+
+
+def _node_failure(card: JobCard, row: dict) -> str:
+    """A node failed under the job: which one, where the run stopped, and how to go on from there."""
+    nodes = row.get("nodes") or "its node"
+    checkpoint = card.run_dir / "checkpoint.pt"
+    resume = (f"submit the same command again with --resume {card.run_dir} (its last checkpoint)"
+              if checkpoint.is_file() else
+              "it left no checkpoint to resume from: submit it again (with --checkpoint-steps K the script saves "
+              "one every K steps, and --resume RUN_FOLDER goes on from it)")
+    return (f"node {nodes} failed while the job ran on it (NODE_FAIL){_last_step(card)}: not the script's fault; "
+            f"{resume}; a race job (dlokit.race) requeues itself and resumes on its own")
+
+
 def _slurm_row(card: JobCard) -> dict:
     """sacct's line for a finished job; squeue's while the controller has the job (it knows first that the
-    job waits, and why, or that it just ended); then sacct's once slurmdbd has the end (exit code, MaxRSS)."""
+    job waits, and why, or that it just ended); then sacct's once slurmdbd has the end (exit code, MaxRSS).
+    A controller that does not answer makes an active job NO_ANSWER, whatever sacct last said of it (a job whose
+    script ended while slurmctld was down stays RUNNING in sacct until the controller is back)."""
     row = _sacct(card.job_id)
     if row is not None and row["state"] in REQUEUED_AFTER:  # the attempt's end; the job itself may wait to rerun
         live = _squeue_state(card)
@@ -466,6 +686,9 @@ def _slurm_row(card: JobCard) -> dict:
     if row is not None and row["state"] not in ACTIVE:
         return row
     live = _squeue_state(card)
+    if live["state"] == NO_ANSWER:
+        last = f" (sacct last said {row['state']})" if row else ""
+        return {**(row or {}), **live, "cause": live["cause"].replace("; asking", f"{last}; asking", 1)}
     if row is not None and not live.get("seen"):
         return {**row, **({"cause": live["cause"]} if row["state"] == "PENDING" and "cause" in live else {})}
     if live["state"] in ACTIVE | {"UNKNOWN"}:
@@ -492,20 +715,7 @@ def _last_line(text: str) -> str:
 
 def _usage(card: JobCard) -> list[dict]:
     """What each task wrote in `<job>_<task>_usage.json` (peak memory, limit, return code), where it could."""
-    found = []
-    for task in range(card.tasks):
-        try:
-            value = json.loads((Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
-
-
-def _killed_by_kernel(usage: list[dict]) -> bool:
-    """A script killed by SIGKILL that nobody cancelled: the kernel's out-of-memory killer."""
-    return any(u.get("returncode") == -signal.SIGKILL and not u.get("cancelled") for u in usage)
+    return [record for record, _ in (usage_record(card, task) for task in range(card.tasks)) if record]
 
 
 def _launcher_error(card: JobCard) -> str:
@@ -567,6 +777,8 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
 
 
 def _local_outcome(card: JobCard) -> Outcome:
+    """A local job's state: its launcher's notes while it lives, then what each task wrote as it ended (the
+    usage records): COMPLETED when every task's script returned 0, never guessed from what is missing."""
     started = card.launcher_note("started").get("started_at")
     if local_alive(card):
         waiting = card.launcher_note("waiting")
@@ -581,16 +793,21 @@ def _local_outcome(card: JobCard) -> Outcome:
         return Outcome(card.job_id, "CANCELLED", elapsed=elapsed)
     if card.launcher_note("memory_exceeded"):  # the job's processes together went past its limit
         return Outcome(card.job_id, "OUT_OF_MEMORY", "0:9", elapsed)
-    unknown = result_unknown(card, elapsed)
-    if unknown is not None:
-        return unknown
-    result = _result(card)
-    if result is not None and result[0] == "success":
+    records, problems = zip(*(usage_record(card, task) for task in range(card.tasks))) if card.tasks else ((), ())
+    problem = next((p for p in problems if p), "")
+    if problem:  # never COMPLETED nor FAILED on a record that cannot be read
+        return Outcome(card.job_id, "UNKNOWN", elapsed=elapsed,
+                       cause=f"how the job ended is not known: {problem}; look at its log "
+                             f"(dlokit.search_log(contains='{card.job_id}', with_err=True))")
+    codes = [record["returncode"] if record else None for record in records]
+    if codes and all(code == 0 for code in codes):
         return Outcome(card.job_id, "COMPLETED", "0:0", elapsed)
     if ended - started >= card.time_seconds - 2:
         return Outcome(card.job_id, "TIMEOUT", elapsed=elapsed)
-    codes = [u["returncode"] for u in _usage(card) if isinstance(u.get("returncode"), int) and u["returncode"]]
-    code = codes[0] if codes else 1  # as Slurm writes it: exit code:signal
+    failed = [code for code in codes if code]
+    if not failed:  # a task that wrote no exit status: killed with its task, or the machine went down
+        return Outcome(card.job_id, "FAILED", elapsed=elapsed, cause=SILENT_END)
+    code = failed[0]  # as Slurm writes it: exit code:signal
     return Outcome(card.job_id, "FAILED", f"{code}:0" if code > 0 else f"0:{-code}", elapsed)
 
 
