@@ -73,3 +73,44 @@ def test_cpu_ranks_get_their_share_of_the_cores(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def _ranks_post_their_gpus(monkeypatch, visible_gpus, ranks=2):
+    """`ranks` ranks of one node, each through check_own_gpus on a shared store, on a machine faked to show
+    `visible_gpus` GPUs to every process (torchrun without the kit's per-task CUDA_VISIBLE_DEVICES)."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible_gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(uuid=f"GPU-{device.index}", name="fake"))
+    store, errors = dist.HashStore(), {}
+
+    def one(local_rank):
+        env = rank.detect({"RANK": str(local_rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(local_rank)})
+        try:
+            rank.check_own_gpus(store, env, torch.device("cuda", local_rank % visible_gpus))
+        except RuntimeError as error:
+            errors[local_rank] = str(error)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return errors
+
+
+def test_two_ranks_on_one_gpu_are_refused_with_the_fix(monkeypatch):
+    errors = _ranks_post_their_gpus(monkeypatch, visible_gpus=1)
+    assert sorted(errors) == [0, 1]  # every rank stops, before NCCL would refuse them
+    for text in errors.values():
+        assert "ranks [0, 1] would all drive one GPU" in text and "sees 1 for 2 ranks" in text
+        assert "CUDA_VISIBLE_DEVICES" in text and "fewer ranks" in text and "gloo" in text
+
+
+def test_ranks_on_their_own_gpus_pass(monkeypatch):
+    assert _ranks_post_their_gpus(monkeypatch, visible_gpus=2) == {}

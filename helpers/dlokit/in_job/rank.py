@@ -9,6 +9,9 @@ Reads, in this order:
     from dlokit.in_job import rank
     env = rank.detect()
     device = rank.init_process_group()   # nccl on GPU, gloo on CPU; no-op for one process
+
+Two ranks on one GPU (torchrun with more processes than visible GPUs, or every rank shown the same one) are
+refused before NCCL starts, with the fix: NCCL's own refusal is a bare "Duplicate GPU detected" deep in a traceback.
 """
 from __future__ import annotations
 
@@ -172,15 +175,50 @@ def init_process_group(backend: str | None = None, timeout_s: float = 300.0, dev
             torch.set_num_threads(env.cpus_per_task)
 
     if env.distributed and not dist.is_initialized():
+        # the store init_method="tcp://..." would open (torchrun's agent's, or rank 0's), opened first to ask each rank
+        # which GPU it drives
+        store, _, _ = next(dist.rendezvous(f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
+                                           world_size=env.world_size, timeout=timedelta(seconds=timeout_s)))
+        store.set_timeout(timedelta(seconds=timeout_s))
+        if device.type == "cuda":
+            check_own_gpus(store, env, device)
         dist.init_process_group(
             backend=backend or ("nccl" if device.type == "cuda" else "gloo"),
-            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            store=store,
             rank=env.rank,
             world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
     return device
+
+
+def gpu_identity(device) -> str:
+    """The GPU a rank drives, the same string in every process that drives it: host and CUDA's uuid."""
+    import torch
+
+    properties = torch.cuda.get_device_properties(device)
+    return f"{socket.gethostname()}/{getattr(properties, 'uuid', None) or properties.name + ':' + str(device.index)}"
+
+
+def check_own_gpus(store, env: DistEnv, device) -> None:
+    """Each rank posts the GPU it drives in the rendezvous store and reads the others': two ranks on one GPU
+    raise here, on every rank, with what to do (NCCL would refuse them with a bare error)."""
+    import torch
+
+    store.set(f"dlokit/gpu/{env.rank}", gpu_identity(device))
+    drivers: dict[str, list[int]] = {}
+    for other in range(env.world_size):  # get() waits until that rank has posted
+        drivers.setdefault(store.get(f"dlokit/gpu/{other}").decode(), []).append(other)
+    shared = {gpu: ranks for gpu, ranks in drivers.items() if len(ranks) > 1}
+    if shared:
+        gpu, ranks = next(iter(shared.items()))
+        raise RuntimeError(
+            f"ranks {ranks} would all drive one GPU ({gpu}): NCCL needs one GPU per rank, and this process sees "
+            f"{torch.cuda.device_count()} for {env.local_world_size} ranks on its node. Give each rank its own GPU "
+            "(CUDA_VISIBLE_DEVICES listing as many GPUs as ranks per node, or the kit's jobs, which hand each task "
+            "its own), start fewer ranks (--nproc_per_node at most the GPUs), or run the ranks as CPU processes "
+            "with gloo (CUDA_VISIBLE_DEVICES= , empty)")
 
 
 def destroy_process_group() -> None:
