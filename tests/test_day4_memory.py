@@ -357,3 +357,49 @@ def test_fsdp_exits_cleanly_every_time(tmp_path):
         if result.returncode != 0 or "terminate called" in result.stderr:
             failures.append((attempt, result.returncode, result.stderr[-1500:]))
     assert not failures, failures
+
+
+def _fake_gpu(monkeypatch, total_mib):
+    """A CUDA device of `total_mib` MiB, as the allocator's limit sees it; returns the fractions it was given."""
+    import torch
+    from types import SimpleNamespace
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=total_mib * 2**20))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: fractions.append(fraction))
+    return fractions
+
+
+def test_a_memory_limit_above_the_gpu_is_lowered_to_it_and_the_record_says_so(monkeypatch, capsys):
+    import torch
+    from tp_imports import common
+
+    fractions = _fake_gpu(monkeypatch, 40960)
+    kept = common("device_memory", llm=True).limit_memory(48939, torch.device("cuda", 0))
+    assert fractions == [1.0]
+    assert kept["memory_limit_mb"] == 40960 and kept["memory_limit_requested_mb"] == 48939
+    assert "more than this GPU's 40960 MiB: lowered" in kept["memory_limit_note"]
+    assert "lowered" in capsys.readouterr().err
+
+
+def test_a_memory_limit_within_the_gpu_applies_as_asked(monkeypatch):
+    import torch
+    from tp_imports import common
+
+    fractions = _fake_gpu(monkeypatch, 81920)
+    kept = common("device_memory", llm=True).limit_memory(20480, torch.device("cuda", 0))
+    assert fractions == [0.25] and kept == {"memory_limit_mb": 20480, "memory_limit_on": "cuda allocator"}
+
+
+def test_on_cuda_the_model_counts_adamws_foreach_temporaries():
+    """torch.optim.AdamW's foreach step (CUDA's default) allocates sqrt(v): 4 bytes a weight it updates."""
+    config = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 176, "vocab_size": 256,
+              "tie_embeddings": False}
+    from dlokit.memory_model import params_on_rank
+
+    psi = params_on_rank(config)
+    for zero, dp, share in ((0, 1, 1), (1, 4, 4), (3, 4, 4)):
+        cpu, cuda = (estimate(config, batch_size=2, seq_len=16, dp=dp, zero=zero, cuda=c) for c in (False, True))
+        assert cuda.optimizer_step == pytest.approx(4 * psi / share) and cpu.optimizer_step == 0
+        assert cuda.total - cpu.total == pytest.approx(4 * psi / share)
+    assert estimate(config, batch_size=2, seq_len=16, optimizer="sgd", cuda=True).optimizer_step == 0

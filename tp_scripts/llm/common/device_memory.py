@@ -5,7 +5,8 @@ host holds. A CPU process has no such wall, and its resident memory is mostly th
 (about 1.3 GB here), which drowns the difference between two parallel layouts. So the limit applies to what the
 run allocates once started:
 
-* on a GPU: torch.cuda.set_per_process_memory_fraction, the allocator's own limit;
+* on a GPU: torch.cuda.set_per_process_memory_fraction, the allocator's own limit; a limit above the card's
+  memory is lowered to the card, and the record says so (memory_limit_mb is what applied, beside what was asked);
 * on a CPU: RLIMIT_DATA (the process's private writable memory, which tensors come from) set to what the process
   holds after start-up (interpreter, libraries, process group) plus the limit: an allocation past it is refused
   ("DefaultCPUAllocator: can't allocate memory"), and the run ends out of memory, as on a GPU of that size.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -36,8 +38,11 @@ def limit_memory(limit_mb: float, device: torch.device) -> dict:
     """Apply the limit for this rank; returns what the run record keeps of it."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory / 2**20
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_mb / total), device)
-        return {"memory_limit_mb": limit_mb, "memory_limit_on": "cuda allocator"}
+        applied = cuda_limit(limit_mb, total)
+        torch.cuda.set_per_process_memory_fraction(applied["memory_limit_mb"] / total, device)
+        if "memory_limit_note" in applied:
+            print(f"[device_memory] {applied['memory_limit_note']}", file=sys.stderr, flush=True)
+        return applied
     _return_freed_memory()
     _start_autograd_threads()
     base = data_mb()
@@ -51,6 +56,16 @@ def limit_memory(limit_mb: float, device: torch.device) -> dict:
         wanted = min(wanted, soft)  # a job's own limit (the kit's mem) stays the tighter one
     resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
     return {"memory_limit_mb": limit_mb, "memory_limit_on": "RLIMIT_DATA", "memory_base_mb": round(base, 1)}
+
+
+def cuda_limit(limit_mb: float, total_mb: float) -> dict:
+    """What the run record keeps of a limit on a GPU of `total_mb`: the limit, or the card's memory when it asks for
+    more (the allocator cannot give more than the card), with a note saying so."""
+    if limit_mb <= total_mb:
+        return {"memory_limit_mb": limit_mb, "memory_limit_on": "cuda allocator"}
+    return {"memory_limit_mb": total_mb, "memory_limit_requested_mb": limit_mb, "memory_limit_on": "cuda allocator",
+            "memory_limit_note": f"--memory-limit {limit_mb:.0f} MiB is more than this GPU's {total_mb:.0f} MiB: "
+                                 "lowered to the GPU's memory (ask for less, or plan the sizes with dlokit.gpu_plan)"}
 
 
 def _start_autograd_threads() -> None:
