@@ -115,8 +115,8 @@ def test_what_the_board_shows_comes_from_the_record_and_a_run_shows_once(tmp_pat
     board.write(edited)
     (folder / "alice--301-copy.json").write_text(json.dumps(edited))
     accepted, rejected = board.read()
-    assert len(accepted) == 1 and [name for name, _ in rejected] == ["alice--301.json"]
-    assert "a second entry for run 301" in dict(rejected)["alice--301.json"]
+    assert len(accepted) == 1 and [name for name, _ in rejected] == ["alice--301-copy.json"]  # the post's own name wins
+    assert "a second entry for run 301 (the board shows alice--301.json)" in dict(rejected)["alice--301-copy.json"]
     shown = accepted[0]
     for key in ("gpus", "epochs", "model", "batch_size", "energy_wh", "energy_source", "options"):
         assert shown[key] == genuine[key], key

@@ -2,6 +2,8 @@
 
     python -m dlokit.classroom report RUNS_DIR [--logs LOG_DIR] [--notebooks PATH ...] [--html report.html]
     python -m dlokit.classroom verify-race [--profile NAME] [--test DIR]   # dlokit.race.verify: re-scored entries
+    python -m dlokit.classroom folders --group INSTRUCTORS [--profile NAME]   # the class's shared folders, made once
+    python -m dlokit.classroom board [--profile NAME] [--publish]          # the leaderboard, checked for the students
     dlokit.classroom.class_report(runs_dir, logs_dir=..., notebooks=[...])   # the same table, in a notebook cell
 
 One row per student x TP: the check results (✅/❌/➖, from the executed notebooks' stored outputs), the jobs,
@@ -16,7 +18,9 @@ the failures with their causes, GPU-hours and energy. Where each comes from:
   to "other";
 * jobs: a job is counted once, whatever its segments (a requeued race run); its state and cause come from
   dlokit.job_outcome when the job cards are given (--logs: the folder holding one folder per user), else
-  from the run record's status and error;
+  from the run record's status and error. Every file is the student's own: nothing is unpickled, only regular
+  files are read (a FIFO, a device or a symbolic link is refused and named in the student's row), and a job
+  card counts only for the folder it lies in;
 * GPU-hours and energy: dlokit.in_job.energy (elapsed x devices; NVML, RAPL or n/a).
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ import ast
 import html
 import json
 import re
+import stat
 import sys
 import time
 from collections import defaultdict
@@ -36,7 +41,7 @@ import pandas as pd
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
 from .in_job.energy import jobs_usage
-from .submission.jobs import BadCard, job_outcome, load_card
+from .submission.jobs import BadCard, card_outcome, load_card, record_refused
 from .analysis.race_history import SEGMENT, base_id
 
 UNTAGGED, OTHER = "untagged", "other"
@@ -56,10 +61,13 @@ def _job(student, tp, job_id, state, cause, usage) -> dict:
 
 def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
     """One job per base run id (the segments of a requeued job together), from the run records alone."""
-    segments = defaultdict(list)
+    segments, found = defaultdict(list), {}
     for run_id in list_run_ids(runs_dir):
+        refused = record_refused(Path(runs_dir) / run_id)
+        if refused:  # a FIFO would hang the reader: the run is named, not read
+            found[run_id] = _job(None, None, run_id, "UNKNOWN", f"run record not read: {refused}", None)
+            continue
         segments[base_id(run_id)].append(load_run(run_id, runs_dir))
-    found = {}
     for job_id, runs in segments.items():
         runs.sort(key=lambda run: int(match["k"]) if (match := SEGMENT.fullmatch(run.run_id)) else 0)
         first, last = runs[0], runs[-1]
@@ -71,13 +79,17 @@ def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
 
 
 def cards(logs_dir: Path) -> list[tuple[object, Path]]:
-    """(job card, its user's log folder) for every readable card under logs_dir/<user>/<job name>/."""
+    """(job card, its user's log folder) for every readable card under logs_dir/<user>/<job name>/. A card
+    names its own folder: the folder it lies in is used instead, so that a student's card cannot send the
+    report to read another folder's files."""
     found = []
     for path in sorted(Path(logs_dir).glob("*/*/*_job.json")):
         try:
-            found.append((load_card(path), path.parent.parent))
+            card = load_card(path)
         except BadCard:
             continue
+        card.folder = str(path.parent)
+        found.append((card, path.parent.parent))
     return found
 
 
@@ -87,13 +99,15 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
         if Path(card.runs_dir).resolve() != Path(runs_dir).resolve():
             continue  # another runs folder: another class, or another profile
         try:
-            outcome = job_outcome(card.job_id, log_dir=user_logs)
+            outcome = card_outcome(card)
             state, cause = outcome.state, outcome.cause
         except Exception as error:  # an unreachable scheduler must not stop the report
             state, cause = "UNKNOWN", f"{type(error).__name__}: {error}"
         job = jobs.get(card.job_id)
         if job is None:
             job = jobs[card.job_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
+        if job["student"] == "(no name)":  # its run record was not read: the card names the student
+            job["student"] = card.name
         job["state"], job["cause"] = state, cause or job["cause"]
         if job["tp"] == UNTAGGED and card.extra.get("tag"):
             job["tp"] = card.extra["tag"]
@@ -145,13 +159,21 @@ def _home_owner(path: Path) -> str | None:
 
 
 def notebook_files(paths) -> list[Path]:
+    """The notebooks under these paths: regular files only (a student's FIFO named *.ipynb would hang the report)."""
     found = []
     for path in map(Path, paths):
         if path.is_dir():
-            found += [p for p in sorted(path.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts]
-        elif path.suffix == ".ipynb" and path.is_file():
+            found += [p for p in sorted(path.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts and _regular(p)]
+        elif path.suffix == ".ipynb" and path.is_file():  # named by the instructor: a link is theirs
             found.append(path)
     return found
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def checks_from_notebooks(paths) -> list[dict]:
@@ -272,6 +294,42 @@ def _verify_race(profile: str | None, test: str | None) -> int:
     return 0
 
 
+def _folders(profile: str | None, group: str) -> int:
+    from .in_job.shared_folders import FolderError, make_class_folder
+    from .submission.profiles import current_profile, use_profile
+
+    chosen = use_profile(profile) if profile else current_profile()
+    try:
+        for path in (chosen.logs, chosen.runs, chosen.leaderboard, chosen.runs / "hpo"):
+            make_class_folder(path, group)
+            print(f"{path}: mode 3777, group {group}")
+    except FolderError as error:
+        print(f"python -m dlokit.classroom folders: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _board(profile: str | None, publish: bool) -> int:
+    from .race.leaderboard import Leaderboard, LeaderboardError
+    from .submission.profiles import use_profile
+
+    if profile:
+        use_profile(profile)
+    board = Leaderboard()
+    with pd.option_context("display.max_colwidth", 60, "display.width", 200):
+        table = board.table()
+        print(table.to_string(index=False) if len(table) else "no entry on the board")
+    for name, why in board.read()[1]:
+        print(f"rejected: {name}: {why}")
+    if publish:
+        try:
+            print(f"published for the students: {board.publish()}")
+        except LeaderboardError as error:
+            print(f"python -m dlokit.classroom board: error: {error}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.classroom", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -284,9 +342,21 @@ def main(argv=None) -> int:
     verify = sub.add_parser("verify-race", help="score every leaderboard entry's final weights on the test split")
     verify.add_argument("--profile", default=None, help="the class's profile (its leaderboard, runs and race_test_dir)")
     verify.add_argument("--test", default=None, help="the test split (default: the profile's race_test_dir)")
+    folders = sub.add_parser("folders", help="make the class's shared folders (job logs, runs, leaderboard, HPO): "
+                                             "mode 3777, the instructors' group")
+    folders.add_argument("--profile", default=None, help="the class's profile (its log_dir, runs_dir, leaderboard_dir)")
+    folders.add_argument("--group", required=True, help="the instructors' group (no student in it)")
+    board = sub.add_parser("board", help="the race's leaderboard as an instructor reads it; --publish: the check "
+                                         "every student then sees")
+    board.add_argument("--profile", default=None, help="the class's profile (its leaderboard and runs)")
+    board.add_argument("--publish", action="store_true", help="write the check for the students")
     args = parser.parse_args(argv)
     if args.verb == "verify-race":
         return _verify_race(args.profile, args.test)
+    if args.verb == "folders":
+        return _folders(args.profile, args.group)
+    if args.verb == "board":
+        return _board(args.profile, args.publish)
     runs = Path(args.runs_dir)
     if not runs.is_dir():
         print(f"python -m dlokit.classroom: error: {runs} is not a folder (give the runs folder, e.g. "

@@ -71,7 +71,7 @@ def leaderboard_part(board, job_id: str):
         rank = int(mine["rank"].iloc[0])
         return part("leaderboard", PASSED, f"its entry verifies against its record: rank {rank} of {len(table)}"), rank
     _, rejected = board.read()
-    why = [f"{name}: {reason}" for name, reason in rejected if name.endswith(f"--{job_id}.json")]
+    why = [f"{name}: {reason}" for name, reason in rejected if f"--{job_id}." in f"{name}."]
     if why:
         return part("leaderboard", FAILED, f"its entry is rejected ({why[0]}): post it again with "
                     f"board.post('{job_id}'), which reads every number from the record"), None

@@ -4,30 +4,33 @@
     board.post(job_id)                         # the score is read from the run's own record
     board.widget()                             # sorted table, refresh button
     board.plot()                               # top-1 vs GPU-hours, the Pareto front drawn
+    board.publish()                            # an instructor: the check every student then sees
 
 No database and no lock (NFS locks are unreliable): each entry is its own file, written to a temporary name
-then renamed (os.replace is atomic), so thirty students posting at once lose and tear nothing. Nothing in an
-entry is trusted: reading the board (and `verify`) re-reads each run's record from the board's runs folder
-and rejects an entry whose score, GPU-hours or student do not match it, or whose record is missing; what the
-board shows of an accepted entry comes from the record, never from the file, and a run shows once. Another
-student's record is theirs (only they and the instructors read it): such an entry is shown as posted
-("checked": "as posted") if the Unix user who posted it owns the run, and the instructor's verify-race, which
-reads every record, re-scores it. No
-secret anywhere: no API key, no hosted service.
+then renamed (board_files), so thirty students posting at once lose and tear nothing. The folder is the
+class's, made by the instructors' set-up (`python -m dlokit.classroom folders`: setgid, sticky): a student's
+post never creates it, and nobody removes another's entry.
+
+Nothing in an entry file is trusted: it only says which run to show, and it counts only when the Unix user who
+owns the run posted it (a copy or a forgery by anyone else is rejected, whatever its name). What a viewer sees
+of an entry comes from a record: the run's own, read again, when the viewer may read it (its owner, the
+instructors: "record"); otherwise the instructors' last published check of it ("checked by an instructor");
+otherwise nothing but "not verified". A run shows once. The instructor's verify-race re-scores every entry.
+No secret anywhere: no API key, no hosted service.
 """
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
-import secrets
+import stat
 import time
 from pathlib import Path
 
 import pandas as pd
 
 from ..in_job import shared_folders
+from . import board_files
 from ..submission.jobs import JOB_ID_PATTERN
 from ..submission.jobspec import NAME_PATTERN
 from ..submission.profiles import Profile, current_profile
@@ -36,6 +39,9 @@ from ..analysis.race_history import history
 
 SCHEMA = 1
 TOLERANCE = 1e-9
+CHECKED_PREFIX = ".checked-"  # the instructors' published check: .checked-<user>.json
+NOT_VERIFIED = "not verified"
+SET_UP = "python -m dlokit.classroom folders"
 COLUMNS = ["rank", "nickname", "top1", "final_top1", "gpu_hours", "over_budget", "energy", "gpus", "epochs",
            "model", "image_size", "batch_size", "options", "run_id", "job_id", "checked", "posted"]
 
@@ -111,20 +117,41 @@ class Leaderboard:
                 "over_budget": usage.gpu_hours > self.budget_gpu_hours, "posted_at": time.time()}
 
     def post(self, job_id: str, nickname: str | None = None) -> Path:
-        """Write the job's entry (one file per student and run; posting again replaces it); returns its path."""
+        """Write the job's entry (one per run; posting again replaces it); returns its path. Only the run's owner
+        may post it."""
+        run = self.runs_dir / str(job_id)
+        if run.is_dir() and run.stat().st_uid != os.getuid():
+            raise LeaderboardError(f"run {job_id} belongs to {board_files.owner_name(run.stat().st_uid)}, not to "
+                                   "you: you can post only your own runs")
         return self.write(self.entry(job_id, nickname))
 
     def write(self, entry: dict) -> Path:
-        """Atomically: a temporary file of this process, flushed to disk, renamed over the entry's name."""
-        shared_folders.shared_top(self.folder, "the race's leaderboard")  # every student posts here
-        path = self.folder / f"{entry['nickname']}--{entry['run_id']}.json"
-        tmp = self.folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(entry, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        """The entry under `<nickname>--<run id>.json`, or `<nickname>--<run id>.<random>.json` if another user
+        holds that name; this user's earlier posts of the run under such names are removed."""
+        name = f"{entry['nickname']}--{entry['run_id']}"
+        path = board_files.write_json(self._folder_to_post_in(), f"{name}.json", entry)
+        for old in self.folder.glob(f"{name}.*.json"):
+            if old != path and old.lstat().st_uid == os.getuid():
+                old.unlink(missing_ok=True)
         return path
+
+    def _folder_to_post_in(self) -> Path:
+        """The board's folder, refused with what to do when a student cannot (or should not) post in it."""
+        folder, fix = self.folder, f"ask an instructor to make it with `{SET_UP}` (docs/instructors.md)"
+        if not folder.is_dir():
+            parent = folder.parent
+            if not (parent.is_dir() and parent.stat().st_uid == os.getuid()):  # a class's folder: its set-up's job
+                raise LeaderboardError(f"the race's leaderboard {folder} does not exist, and only the class's set-up "
+                                       f"makes it: {fix}")
+            shared_folders.shared_top(folder, "the race's leaderboard")  # this user's own runs: their own board
+        info = folder.stat()
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise LeaderboardError(f"cannot post in {folder}: it belongs to {board_files.owner_name(info.st_uid)} "
+                                   f"(mode {stat.S_IMODE(info.st_mode):o}); {fix}")
+        if info.st_uid != os.getuid() and info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+            raise LeaderboardError(f"cannot post in {folder}: anyone may remove entries from it (no sticky bit, mode "
+                                   f"{stat.S_IMODE(info.st_mode):o}); {fix}")
+        return folder
 
     # ---- reading -----------------------------------------------------------------------------------------
 
@@ -140,13 +167,6 @@ class Leaderboard:
         for key in ("top1", "final_top1", "gpu_hours"):
             if not is_number(entry.get(key)):
                 return f"'{key}' is not a number"
-        return None
-
-    def private_record(self, entry: dict, path: Path) -> str | None:
-        """For an entry whose run record this user may not read (another student's, see shared_folders): None
-        when the entry file was posted by the Unix user who owns the run, else why it is rejected."""
-        if path.stat().st_uid != (self.runs_dir / entry["run_id"]).stat().st_uid:
-            return f"posted by another user than the owner of run {entry['run_id']}"
         return None
 
     def verify(self, entry) -> str | None:
@@ -176,39 +196,100 @@ class Leaderboard:
         return None
 
     def read(self) -> tuple[list[dict], list[tuple[str, str]]]:
-        """(the verified entries, [(file name, why rejected)]). An entry file only says which run to show: what
-        the board shows of it (GPUs, epochs, model, batch, options, energy, score) is read again from the run's
-        record, and a run shows once, whatever the files that name it."""
-        accepted, rejected, shown = [], [], {}
-        for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
-            try:
-                entry = json.loads(path.read_text())
-            except (OSError, ValueError) as error:
-                rejected.append((path.name, f"unreadable ({type(error).__name__})"))
+        """(the entries shown, [(file name, why rejected)]). An entry file only says which run to show; what the
+        board shows of it comes from a record (see the module's docstring), and a run shows once."""
+        accepted, rejected, candidates = [], [], {}
+        for found in board_files.read_json_files(self.folder):
+            if found.name.startswith("."):
                 continue
-            why = self.well_formed(entry)
-            private = not why and self._unreadable(entry["run_id"])
-            if not why:
-                why = self.private_record(entry, path) if private else self.verify(entry)
-            if not why and entry["run_id"] in shown:
-                why = f"a second entry for run {entry['run_id']} (the board shows {shown[entry['run_id']]})"
+            why = found.problem or self.well_formed(found.value) or self._posted_by_owner(found)
             if why:
-                rejected.append((path.name, why))
-                continue
-            shown[entry["run_id"]] = path.name
-            if private:  # only its owner and the instructors read it: shown as posted, re-scored by verify-race
-                fresh = {key: entry.get(key) for key in COLUMNS if key not in ("rank", "posted", "energy")}
-                fresh.update(energy_wh=entry.get("energy_wh"), energy_source=entry.get("energy_source"),
-                             over_budget=entry["gpu_hours"] > self.budget_gpu_hours, checked="as posted")
+                rejected.append((found.name, why))
             else:
-                fresh = {**self.entry(entry["run_id"], entry["nickname"]), "checked": "record"}  # this budget
-            fresh["posted_at"] = entry["posted_at"] if is_number(entry.get("posted_at")) else None
-            accepted.append(fresh)
+                candidates.setdefault(found.value["run_id"], []).append(found)
+        published, when, checked_rejections = self.published()
+        for run_id, files in candidates.items():
+            shown = None
+            for found in sorted(files, key=lambda f: (f.name != f"{f.value['nickname']}--{run_id}.json",
+                                                      -_posted_at(f.value))):
+                why, fresh = self._shown(found.value, published, when, checked_rejections)
+                if not why and shown:
+                    why = f"a second entry for run {run_id} (the board shows {shown})"
+                if why:
+                    rejected.append((found.name, why))
+                    continue
+                shown = found.name
+                accepted.append({**fresh, "posted_at": _posted_at(found.value) or None})
+        rejected += [(f"{row.get('nickname')}--{run_id}", f"its entry was on the board when an instructor checked it "
+                      f"({when}) and is gone from the folder") for run_id, row in published.items()
+                     if run_id not in candidates]
         return accepted, rejected
 
-    def _unreadable(self, run_id: str) -> bool:
-        folder = self.runs_dir / run_id
-        return folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK)
+    def _shown(self, entry: dict, published: dict, when: str, checked_rejections: dict):
+        """(why the entry is rejected or None, what the board shows of it): from its record when this user reads
+        it, else from the instructors' published check, else "not verified"."""
+        run_id = entry["run_id"]
+        if self._readable(run_id):
+            why = self.verify(entry)
+            return why, None if why else {**self.entry(run_id, entry["nickname"]), "checked": "record"}  # this budget
+        if run_id in published:
+            if published[run_id].get("nickname") != entry["nickname"]:
+                return f"run {run_id} is {published[run_id].get('nickname')!r}'s, not {entry['nickname']!r}", None
+            return None, {**published[run_id], "checked": f"checked by an instructor ({when})"}
+        if run_id in checked_rejections:
+            return checked_rejections[run_id], None
+        return None, {"nickname": entry["nickname"], "run_id": run_id, "job_id": run_id, "checked": NOT_VERIFIED}
+
+    def _posted_by_owner(self, found) -> str | None:
+        """None when the entry's file belongs to the Unix user who owns its run, else why it is rejected."""
+        run_id = found.value["run_id"]
+        try:
+            owner = (self.runs_dir / run_id).stat().st_uid
+        except OSError:
+            return f"its run record {run_id} is missing from {self.runs_dir}"
+        if found.uid != owner:
+            return (f"posted by {board_files.owner_name(found.uid)}, but run {run_id} belongs to "
+                    f"{board_files.owner_name(owner)}")
+        return None
+
+    def _readable(self, run_id: str) -> bool:
+        return os.access(self.runs_dir / run_id, os.R_OK | os.X_OK)
+
+    # ---- the instructors' check, published for the students ---------------------------------------------------
+
+    def publish(self) -> Path:
+        """An instructor (who reads every record) writes what the board shows, checked against the records, for the
+        students, who may not read each other's records. Returns the file written."""
+        if os.getuid() not in board_files.trusted_uids(self.folder):
+            raise LeaderboardError(f"only the instructors publish the board's check in {self.folder} (the group of "
+                                   f"a class folder made with `{SET_UP}`)")
+        accepted, rejected = self.read()
+        if any(entry["checked"] == NOT_VERIFIED for entry in accepted):
+            raise LeaderboardError("some runs cannot be read by you: publish as a user who reads every record")
+        by_run = {}
+        for found in board_files.read_json_files(self.folder):
+            if isinstance(found.value, dict) and not found.name.startswith("."):
+                by_run.setdefault(found.name, found.value.get("run_id"))
+        check = {"schema": SCHEMA, "published_at": time.time(), "by": board_files.owner_name(os.getuid()),
+                 "accepted": [{k: v for k, v in e.items() if k != "checked"} for e in accepted],
+                 "rejected": {by_run[name]: why for name, why in rejected if isinstance(by_run.get(name), str)}}
+        return board_files.write_json(self.folder, f"{CHECKED_PREFIX}{board_files.owner_name(os.getuid())}.json",
+                                      check)
+
+    def published(self) -> tuple[dict, str, dict]:
+        """The instructors' latest published check: ({run id: entry as the record has it}, when, {run id: why
+        rejected}); empty when none (files by anyone but the instructors are ignored)."""
+        trusted = board_files.trusted_uids(self.folder)
+        checks = [f.value for f in board_files.read_json_files(self.folder, CHECKED_PREFIX, max_bytes=8 * 1024 ** 2)
+                  if f.problem is None and f.uid in trusted and isinstance(f.value, dict)
+                  and f.value.get("schema") == SCHEMA and isinstance(f.value.get("accepted"), list)]
+        if not checks:
+            return {}, "", {}
+        latest = max(checks, key=_posted_at_key)
+        accepted = {e["run_id"]: e for e in latest["accepted"] if isinstance(e, dict) and isinstance(e.get("run_id"), str)}
+        rejections = latest.get("rejected") if isinstance(latest.get("rejected"), dict) else {}
+        when = time.strftime("%m-%d %H:%M", time.localtime(_posted_at_key(latest)))
+        return accepted, when, {k: f"an instructor's check: {v}" for k, v in rejections.items()}
 
     def table(self) -> pd.DataFrame:
         """The verified entries, best top-1 first (then fewer GPU-hours)."""
@@ -227,10 +308,11 @@ class Leaderboard:
         table = self.table()
         _, rejected = self.read()
         shown = table.drop(columns=["options", "job_id"]).copy()
-        shown["top1"] = shown["top1"].map("{:.3f}".format)
-        shown["final_top1"] = shown["final_top1"].map("{:.3f}".format)
-        shown["gpu_hours"] = shown["gpu_hours"].map("{:.3g}".format)
-        shown["over_budget"] = shown["over_budget"].map(lambda over: "⚠ over budget" if over else "")
+        for column, form in (("top1", "{:.3f}"), ("final_top1", "{:.3f}"), ("gpu_hours", "{:.3g}")):
+            shown[column] = shown[column].map(lambda value, form=form: form.format(value) if is_number(value)
+                                              and not math.isnan(value) else "–")
+        over = shown["over_budget"].map(lambda value: value is not None and value == True)  # noqa: E712 (numpy bool, NaN)
+        shown["over_budget"] = over.map(lambda flagged: "⚠ over budget" if flagged else "")
         body = (shown.to_html(index=False, classes="dlokit-leaderboard", border=0) if len(shown)
                 else "<p>no entry yet</p>")
         budget = f"{self.budget_gpu_hours:.3g} GPU-hours" if math.isfinite(self.budget_gpu_hours) else "none"
@@ -252,7 +334,7 @@ class Leaderboard:
         """Top-1 against GPU-hours, one point per entry (× over budget), the Pareto front as a step line."""
         import matplotlib.pyplot as plt
 
-        table = self.table()
+        table = self.table().dropna(subset=["top1", "gpu_hours"])  # "not verified": no value to place
         figure = None
         if ax is None:
             figure, ax = plt.subplots(figsize=(7, 4.5))
@@ -273,3 +355,11 @@ class Leaderboard:
         ax.set_ylabel("best validation top-1")
         ax.set_title("Imagenet Race: accuracy against cost" if len(table) else "Imagenet Race: no entry yet")
         return figure or ax.figure
+
+
+def _posted_at(entry: dict) -> float:
+    return entry["posted_at"] if is_number(entry.get("posted_at")) else 0.0
+
+
+def _posted_at_key(check: dict) -> float:
+    return check["published_at"] if is_number(check.get("published_at")) else 0.0

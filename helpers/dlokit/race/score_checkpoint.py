@@ -6,10 +6,17 @@
 The test split is a folder of class folders (ImageFolder) that no student job reads. The model is built by the
 reference training script's own functions, the weights loaded from the checkpoint, and the top-1 written to a
 run record ("val" line and summary `test_acc`, `test_images`) for dlokit.race.verify to read back.
+
+The checkpoint is the student's file and this job runs as the instructor: it is read only if it is a regular file
+of at most MAX_CHECKPOINT_GB, with `weights_only=True` (tensors, numbers, strings and containers of them: nothing
+in it can run code). A checkpoint that needs more is refused, named, and never unpickled.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
+import stat
 import sys
 from pathlib import Path
 
@@ -27,6 +34,40 @@ from train_classifier import create_model, evaluate, small_image_stem  # noqa: E
 
 from dlokit.in_job.runrecord import RunRecorder  # noqa: E402
 
+MAX_CHECKPOINT_GB = 4
+EXIT_REFUSED = 3  # the checkpoint was refused: the message says why
+
+
+class RefusedCheckpoint(ValueError):
+    """A checkpoint this scorer will not load; the message names the file and why."""
+
+
+def load_weights(path: Path) -> dict:
+    """The model's state dict from a student's checkpoint, read as data only (see the module's docstring)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise RefusedCheckpoint(f"{path}: cannot be opened ({error.strerror}; a link is not followed)") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise RefusedCheckpoint(f"{path}: not a regular file")
+        if info.st_size > MAX_CHECKPOINT_GB * 1024 ** 3:
+            raise RefusedCheckpoint(f"{path}: {info.st_size / 1024 ** 3:.1f} GB, more than {MAX_CHECKPOINT_GB} GB")
+        try:
+            state = torch.load(handle, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:  # what weights_only refuses: an object that would run code
+            said = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
+            raise RefusedCheckpoint(f"{path}: holds more than weights (an object that could run code), refused "
+                                    f"unloaded" + (f": {said[0][:200]}" if said else "")) from None
+        except (RuntimeError, EOFError, ValueError) as error:
+            raise RefusedCheckpoint(f"{path}: not a readable checkpoint ({type(error).__name__}: "
+                                    f"{str(error)[:200]})") from None
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise RefusedCheckpoint(f"{path}: has no 'model' state dict")
+    return weights
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -41,8 +82,11 @@ def main(argv=None) -> int:
     model = create_model(args.model, len(test_set.classes))
     if args.cifar_stem:
         model = small_image_stem(model)
-    weights = torch.load(resolve(args.checkpoint), map_location="cpu", weights_only=False)["model"]
-    model.load_state_dict(weights)
+    try:
+        model.load_state_dict(load_weights(resolve(args.checkpoint)))
+    except (RefusedCheckpoint, RuntimeError) as error:  # RuntimeError: weights that do not fit the model
+        print(f"checkpoint refused: {error}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with RunRecorder({**vars(args), "test_images": len(test_set)}, script=Path(__file__).name) as record:
         scores = evaluate(model.to(device), DataLoader(test_set, batch_size=args.batch_size), nn.CrossEntropyLoss(),

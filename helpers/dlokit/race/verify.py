@@ -8,7 +8,8 @@ A student owns their run records, so a record can always be edited (its validati
 trusted: for each accepted entry, one job of its own (dlokit.race.score_checkpoint) loads the run's last
 checkpoint and measures its top-1 on the profile's `race_test_dir`. The table ranks by that score and flags an
 entry whose claimed final top-1 (on the validation split) and tested top-1 disagree beyond noise: their 95 %
-Wilson intervals do not overlap.
+Wilson intervals do not overlap, and an entry whose checkpoint was refused (it holds more than weights: loading
+it could run code as the instructor; score_checkpoint never unpickles it) or could not be scored, saying why.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def verify_race(test_dir=None, board: Leaderboard | None = None, time_max: str =
         claimed = _claimed(entry, board.runs_dir)
         tested = _tested(job, profile.runs) if outcomes[job].state == "COMPLETED" else stats.NO_ESTIMATE
         if not tested.usable:
-            flag = f"not scored: {outcomes[job]}"
+            outcome = outcomes[job]
+            flag = f"not scored ({outcome.state}): " + (outcome.cause.strip().splitlines() or ["no cause found"])[-1]
         elif claimed.usable and (claimed.low > tested.high or claimed.high < tested.low):
             flag = (f"claimed {claimed.value:.3f} [{claimed.low:.3f}–{claimed.high:.3f}] on validation, scored "
                     f"{tested.value:.3f} [{tested.low:.3f}–{tested.high:.3f}] on the test split: they disagree "
