@@ -25,7 +25,7 @@ def megabytes(text: str) -> float:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="train_llm.py", description="Train the Llama-style model under the parallel layout --mode names; write a run record.")
     p.add_argument("--mode", choices=MODES, default="single")
-    p.add_argument("--config", default="tiny", help="tiny, small, oom-demo, scan-demo, 125m, 1b, 3b")
+    p.add_argument("--config", default="tiny", help="tiny, tiny-tied, small, oom-demo, scan-demo, 125m, 1b, 3b")
     p.add_argument("--data", choices=("random", "text"), default="random")
     p.add_argument("--batch-size", type=int, default=8, help="global batch, in sequences")
     p.add_argument("--seq-len", type=int, default=64)
