@@ -1,10 +1,13 @@
 """A full disk while writing a run record or a checkpoint: the job fails naming the file, and what was
-written before (run.json, the previous checkpoint) is still whole. ENOSPC is injected in-process."""
+written before (run.json, the previous checkpoint) is still whole. ENOSPC is injected in-process, and, for a
+training run, made by a real disk that fills up: a small tmpfs in a mount namespace of the run's own."""
 from __future__ import annotations
 
 import errno
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -101,8 +104,8 @@ def _save(checkpointing, path, model, optimizer, scheduler, scaler, step):
                                   rng_states=checkpointing.gather_rng_states(torch.device("cpu")))
 
 
-def _half_written_then_full(obj, path, *args, **kwargs):
-    Path(path).write_bytes(b"PK\x03\x04 half a checkpoint")
+def _half_written_then_full(obj, file, *args, **kwargs):
+    file.write(b"PK\x03\x04 half a checkpoint")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -135,4 +138,54 @@ def test_a_checkpoint_on_a_full_disk_names_the_file_and_leaves_no_partial_file(t
     monkeypatch.setattr(torch, "save", _half_written_then_full)
     with pytest.raises(OSError) as raised:
         _save(checkpointing, path, model, optimizer, scheduler, scaler, step=1)
-    assert str(path) in str(raised.value) and not path.with_name("checkpoint.pt.tmp").exists()
+    assert str(raised.value) == (f"the checkpoint did not fit on the disk at {path}: No space left on device (no "
+                                 "earlier checkpoint); free some space there, or give --checkpoint-path on a larger disk")
+    assert raised.value.errno == errno.ENOSPC and not path.with_name("checkpoint.pt.tmp").exists()
+
+
+# ---- a training run whose disk fills up at its second checkpoint ------------------------------------------------
+
+DISK_MB = 19  # a checkpoint of mobilenet_v3_small (weights, SGD momentum: 12.4 MB) and the run record; not two
+
+
+def run_on_a_small_disk(tmp_path: Path, data: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """train_classifier.py with its runs folder on a DISK_MB tmpfs, mounted in a user and mount namespace of its
+    own (no root needed where user namespaces are allowed); what the run left there is copied out at the end."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    small, kept = tmp_path / "small-disk", tmp_path / "kept"
+    small.mkdir()
+    train = [sys.executable, str(REPO / "tp_scripts" / "solutions" / "train_classifier.py"), "--data", str(data),
+             "--runs-dir", str(small), "--model", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "4",
+             "--test", "--test-nsteps", "3", "--checkpoint-steps", "1", "--print-every", "1000"]
+    script = (f'mount -t tmpfs -o size={DISK_MB}m tmpfs "$1" || exit 97; shift; "$@"; code=$?; '
+              f'cp -a {small}/. {kept}/; exit $code')
+    kept.mkdir()
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(small),
+                           *train], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": "full"})
+    if done.returncode == 97 or "unshare failed" in done.stderr:
+        pytest.skip(f"no tmpfs can be mounted here: {done.stderr.strip()}")
+    return done, kept / "full"
+
+
+def test_a_checkpoint_that_does_not_fit_ends_the_run_naming_itself(tmp_path):
+    sys.path.insert(0, str(REPO / "data"))
+    import make_synthetic_imagenet
+
+    data = tmp_path / "data"
+    make_synthetic_imagenet.main(["--out", str(data), "--classes", "2", "--train-per-class", "6",
+                                  "--val-per-class", "2", "--size", "36", "--quiet"])
+    done, run = run_on_a_small_disk(tmp_path, data)
+    path = run.parent.parent / "small-disk" / "full" / "checkpoint.pt"  # where the run saw it
+    cause = (f"the checkpoint did not fit on the disk at {path}: No space left on device (the previous checkpoint "
+             "is kept); free some space there, or give --checkpoint-path on a larger disk")
+    assert done.returncode == 1 and done.stderr == f"train_classifier.py: rank 0: error: {cause}\n", done.stderr
+    record = read_rank(run / "rank0")
+    assert record["state"] == "failed" and record["summary"]["error"] == cause
+    assert record["summary"]["failed_step"] == 2 and record["summary"]["steps"] == 2
+    assert [m["step"] for m in record["metrics"] if m.get("event") == "checkpoint_saved"] == [1]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "rank0"], "no checkpoint.pt.tmp is left"
+    import torch
+
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 1  # the previous checkpoint, whole

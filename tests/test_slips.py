@@ -64,3 +64,85 @@ def test_a_nickname_that_cannot_be_a_job_name_is_refused_by_setup_day(workspace,
         setup(workspace, nickname=nickname)
     assert str(raised.value) == (f"NICKNAME {nickname!r}: use 1-64 letters, digits, '.', '_' or '-' starting with "
                                  "a letter or digit (it becomes a file name and a squeue filter), e.g. 'alice'")
+
+
+# ---- the training script ---------------------------------------------------------------------------------------
+
+def make_dataset(root: Path, train: int = 6, val: int = 2) -> Path:
+    make_synthetic_imagenet.main(["--out", str(root), "--classes", "2", "--train-per-class", str(train),
+                                  "--val-per-class", str(val), "--size", "36", "--quiet"])
+    return root
+
+
+def train(runs: Path, run_id: str, *args):
+    """One process of the reference script, started warm; one thread (the CI machines have two cores)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(SOLUTIONS / "train_classifier.py"), "--runs-dir", str(runs), "--model", "resnet18",
+               "--image-size", "32", "--batch-size", "4", "--print-every", "1000", *map(str, args)]
+    return run_warm(command, env, 240, cwd=REPO)
+
+
+def test_a_folder_without_val_says_that_validation_is_skipped(tmp_path):
+    data = make_dataset(tmp_path / "data")
+    for image in sorted((data / "val").rglob("*")) [::-1]:
+        image.unlink() if image.is_file() else image.rmdir()
+    (data / "val").rmdir()
+    done = train(tmp_path / "runs", "noval", "--data", data, "--epochs", 1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    note = f"no val/ folder under {data}: validation skipped"
+    assert note in done.stdout.splitlines()
+    record = read_rank(tmp_path / "runs" / "noval" / "rank0")
+    assert record["summary"]["notes"] == [note] and record["summary"]["val_acc"] is None
+    assert {"kind": "event", "event": "note", "note": note}.items() <= record["metrics"][0].items()
+
+
+def test_a_folder_with_val_has_no_note(tmp_path):
+    done = train(tmp_path / "runs", "val", "--data", make_dataset(tmp_path / "data"), "--epochs", 1)
+    assert done.returncode == 0 and "validation skipped" not in done.stdout, done.stderr[-3000:]
+    assert read_rank(tmp_path / "runs" / "val" / "rank0")["summary"]["notes"] == []
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_truncated_jpeg_stops_the_run_naming_the_file(tmp_path, workers):
+    """The chosen behaviour: the run fails (exit 1) and its one line names the file; nothing is skipped."""
+    data = make_dataset(tmp_path / "data")
+    damaged = sorted((data / "train").rglob("*.JPEG"))[3]
+    damaged.write_bytes(damaged.read_bytes()[:400])  # a real JPEG, cut short in its compressed data
+    done = train(tmp_path / "runs", "cut", "--data", data, "--epochs", 1, "--num-workers", workers)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = f"train_classifier.py: rank 0: error: {damaged} cannot be decoded ("
+    assert done.stderr.startswith(line) and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    assert done.stderr.rstrip().endswith("the image is damaged or cut short; replace or remove the file")
+    summary = read_rank(tmp_path / "runs" / "cut" / "rank0")["summary"]
+    assert summary["status"] == "failed" and summary["error"] == done.stderr.split(": error: ", 1)[1].rstrip()
+
+
+def test_a_checkpoint_that_needs_more_than_weights_is_refused_and_never_unpickled(tmp_path):
+    """--resume loads with torch.load(weights_only=True): an object that would run code when unpickled is not."""
+    import torch
+
+    checkpointing = common("checkpointing")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    path = tmp_path / "checkpoint.pt"
+    checkpointing.save_checkpoint(path, **parts, epoch=0, batch_in_epoch=1, step=1, world_size=1, batch_size=8,
+                                  rng_states=checkpointing.gather_rng_states(torch.device("cpu")))
+    where = dict(device=torch.device("cpu"), rank=0, world_size=1, batch_size=8)
+    assert checkpointing.load_checkpoint(path, **parts, **where)["step"] == 1  # what the kit saves loads safely
+
+    marker = tmp_path / "code-ran"
+
+    class Sneaky:
+        def __reduce__(self):
+            return pathlib.Path.touch, (marker,)
+
+    torch.save({**torch.load(path, weights_only=True), "extra": Sneaky()}, path)
+    with pytest.raises(checkpointing.CheckpointError) as raised:
+        checkpointing.load_checkpoint(path, **parts, **where)
+    message = str(raised.value)
+    assert message.startswith(f"{path} holds more than tensors, numbers and strings (") and "\n" not in message
+    assert message.endswith("): not a checkpoint of train_classifier.py, and not unpickled (that could run code)")
+    assert not marker.exists()

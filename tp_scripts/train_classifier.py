@@ -51,8 +51,10 @@ from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import shared_run_id
 
 # The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
-from common.checkpointing import CheckpointError, gather_rng_states, load_checkpoint, save_checkpoint
-from common.image_data import ResumableSampler, SyntheticBatches, train_transform, val_transform, worker_start
+from common.checkpointing import (CheckpointError, CheckpointWriteError, gather_rng_states, load_checkpoint,
+                                  save_checkpoint)
+from common.image_data import (DataSetError, ResumableSampler, SyntheticBatches, train_transform, val_transform,
+                               worker_start)
 from common.instrument import Instrument
 from common.layer_drop import add_layer_drop, skipped_blocks
 from common.storage_formats import open_image_data, read_manifest
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
         train(t, ins, start)
     except (torch.OutOfMemoryError, MemoryError) as error:  # recorded, and every other rank stops too: exit 3
         leave_now(ins.out_of_memory(error, batch_size=args.batch_size))
+    except (DataSetError, CheckpointWriteError) as error:  # a damaged image, a full disk: one line names the file
+        leave_now(ins.failed_with(error))
     except Exception as error:  # a collective broke because another rank stopped: record its cause, not ours
         leave_now(ins.stopped_by_other_rank(error))
     ins.tick("the report (all-gather of the weights' checksums)")

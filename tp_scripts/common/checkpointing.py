@@ -3,14 +3,21 @@
 A checkpoint holds the model, optimizer, LR scheduler and gradient scaler states, where the run was
 (epoch, batches done in that epoch, global step) and the random-number state (the crops and flips
 of the next batches depend on it). It is written to a temporary file then renamed, so a job killed
-while saving leaves the previous checkpoint intact.
+while saving leaves the previous checkpoint intact; a write that fails (a full disk) removes the temporary
+file and raises CheckpointWriteError, whose one line names the file.
+
+Everything in it is a tensor, a dict, a list, a number or a string, so --resume loads it with
+torch.load(weights_only=True): a file that needs more is refused, never unpickled.
 
 A module shared by tp_scripts/train_classifier.py (yours) and tp_scripts/solutions/train_classifier.py:
 not part of any TP.
 """
 from __future__ import annotations
 
+import errno
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -18,6 +25,13 @@ import torch
 
 class CheckpointError(ValueError):
     pass
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota); str() is one line that names the file."""
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 def save_checkpoint(path, *, model, optimizer, scheduler, scaler, epoch: int, batch_in_epoch: int, step: int,
@@ -41,12 +55,32 @@ def save_checkpoint(path, *, model, optimizer, scheduler, scaler, epoch: int, ba
     }
     tmp = path.with_name(path.name + ".tmp")
     try:  # written aside, then renamed: a full disk leaves the previous checkpoint whole
-        torch.save(state, tmp)
+        # Our own handle, closed when the write fails: a file that torch.save opens itself stayed open after a
+        # failed write, so removing it freed no space (the run record could not be finished), and its error
+        # ('unexpected pos ...') did not say that the disk was full.
+        with open(tmp, "wb") as file:
+            torch.save(state, file)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:
         tmp.unlink(missing_ok=True)
-        raise OSError(getattr(err, "errno", None) or 28,
-                      f"could not write the checkpoint {path} (the previous one is kept): {err}") from None
+        raise write_failed(path, err) from None
+
+
+def write_failed(path: Path, err: BaseException) -> CheckpointWriteError:
+    """The error of a failed checkpoint write, in one line. torch.save reports a full disk as a RuntimeError
+    ('unexpected pos ...'): the OSError it hides is found among the errors it was raised from."""
+    cause = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    code = getattr(cause, "errno", None) or errno.EIO
+    why = getattr(cause, "strerror", None) or str(cause or err)
+    kept = "the previous checkpoint is kept" if path.is_file() else "no earlier checkpoint"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        text = (f"the checkpoint did not fit on the disk at {path}: {why} ({kept}); free some space there, or "
+                "give --checkpoint-path on a larger disk")
+    else:
+        text = f"the checkpoint could not be written at {path}: {why} ({kept})"
+    return CheckpointWriteError(code, text)
 
 
 def resolve(path) -> Path:
@@ -56,6 +90,21 @@ def resolve(path) -> Path:
         if candidate.is_file():
             return candidate
     raise CheckpointError(f"no checkpoint at {path} (looked for the file itself and {path}/checkpoint.pt)")
+
+
+def read_safely(path: Path, device) -> dict:
+    """torch.load with weights_only=True: tensors, dicts, lists, numbers and strings only (what save_checkpoint
+    writes, every optimiser and schedule included). Anything else is refused in one line, never unpickled."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        what = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(f"{path} holds more than tensors, numbers and strings{what}: not a checkpoint of "
+                              "train_classifier.py, and not unpickled (that could run code)") from None
+    except (RuntimeError, OSError, EOFError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"{path} cannot be read as a checkpoint (damaged, or cut short?): {first}") from None
 
 
 def gather_rng_states(device) -> list:
@@ -74,7 +123,7 @@ def load_checkpoint(path, *, model, optimizer, scheduler, scaler, device, rank: 
                     batch_size: int) -> dict:
     """Restore every state in place; returns {'epoch', 'batch_in_epoch', 'step', 'epoch_totals', 'path'}."""
     path = resolve(path)
-    state = torch.load(path, map_location=device, weights_only=False)
+    state = read_safely(path, device)
     if (state["world_size"], state["batch_size"]) != (world_size, batch_size):
         raise CheckpointError(
             f"{path} was saved by {state['world_size']} processes with --batch-size {state['batch_size']}; "

@@ -4,6 +4,9 @@ A module shared by tp_scripts/train_classifier.py (yours) and tp_scripts/solutio
 what the TPs tune (DataLoader options, DistributedSampler, where augmentation runs) stays in the training
 script; this module only finds and checks the files, builds the per-image transforms and knows how to
 restart an epoch in the middle (for --resume).
+
+A damaged image (a JPEG cut short, a file that is no image) stops the run with DataSetError
+'<path> cannot be decoded (...)' when a batch first reads it (load_image): no image is skipped silently.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import itertools
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import Sampler
 from torchvision import datasets
 from torchvision.transforms import v2 as T
@@ -51,6 +55,17 @@ def check_image_folder(root: str | Path) -> None:
                                f"(looked for {', '.join(IMAGE_SUFFIXES)})")
 
 
+def load_image(path: str) -> Image.Image:
+    """ImageFolder's loader (PIL, RGB), which names the file it cannot decode. A damaged image stops the run
+    rather than being skipped: an epoch would then train on fewer images than the folder holds, and say nothing."""
+    try:
+        with open(path, "rb") as file:
+            return Image.open(file).convert("RGB")
+    except OSError as error:  # PIL's "Truncated File Read", "image file is truncated", UnidentifiedImageError
+        raise DataSetError(f"{path} cannot be decoded ({error}): the image is damaged or cut short; replace or "
+                           "remove the file") from None
+
+
 def train_transform(image_size: int, randaugment: bool = False):
     """Per image, wherever the DataLoader runs it (in its workers when --num-workers > 0)."""
     return T.Compose([
@@ -80,10 +95,11 @@ def val_transform(image_size: int):
 def image_folders(root: str | Path, image_size: int, randaugment: bool = False):
     """(train_set, val_set or None, class names). Call check_image_folder first for friendly errors."""
     root = Path(root).expanduser()
-    train_set = datasets.ImageFolder(root / "train", transform=train_transform(image_size, randaugment))
+    train_set = datasets.ImageFolder(root / "train", transform=train_transform(image_size, randaugment),
+                                     loader=load_image)
     val_set = None
     if (root / "val").is_dir():
-        val_set = datasets.ImageFolder(root / "val", transform=val_transform(image_size))
+        val_set = datasets.ImageFolder(root / "val", transform=val_transform(image_size), loader=load_image)
         if val_set.classes != train_set.classes:
             raise DataSetError(f"{root}/val and {root}/train do not have the same class folders")
     return train_set, val_set, train_set.classes

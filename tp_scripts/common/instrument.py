@@ -10,6 +10,10 @@ shows the training and nothing else.
     if ins.checkpoint_due(step): ...       # --checkpoint-on-signal: SIGUSR1/SIGUSR2 came, every rank stops here
     ins.finish(...)                        # summary.json and the closing lines
     return ins.out_of_memory(error, ...)   # a rank ran out of memory: recorded, every rank stops (exit 3)
+    return ins.failed_with(error)          # a damaged image, a checkpoint that did not fit: its one line recorded
+
+What the run will not do although the options ask for it is said at the start and kept in the record
+(`notes`): a data folder without val/ trains without validation.
 
 How a run ends early is recorded too (docs/run-records.md): out of memory (`failed`, `oom: true`, the batch
 size and the peak memory; the other ranks are told through the process group's store and stop at once
@@ -72,6 +76,10 @@ class Instrument(Peers):
         self.energy = EnergyMeter(device)
         self.host_energy = HostEnergyMeter()  # RAPL, where the host lets us read it
         self.observed = None
+        self.notes = [note for note in [validation_skipped(config)] if note]
+        for note in self.notes:
+            say(note)
+            self.record.log("event", event="note", note=note)
         self.timed: list[dict] = []
         self.first_load = None
         self.last_metrics: dict = {}
@@ -251,7 +259,7 @@ class Instrument(Peers):
             "throughput_compute": samples / t_step if timed else None,
             "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device), "host_rss_peak_mb": peak_rss_mb(),
             **self.energy.summary(), **self.host_energy.summary(), "process_started_unix": process_started_unix(),
-            "train_loss": self.last_metrics.get("loss"),
+            "train_loss": self.last_metrics.get("loss"), "notes": self.notes,
             **extra,
             "observed": self.observed,
         }
@@ -291,6 +299,19 @@ class Instrument(Peers):
                                batch_size=batch_size, **self._early_summary())
             self._restore_signals()
         return self.failed(f"ran out of memory at {where} ({name})", oom=True)
+
+    def failed_with(self, error: BaseException) -> int:
+        """This rank stopped on an error that says in one line what went wrong and where (a damaged image, a
+        checkpoint that did not fit on the disk): printed, recorded as the cause (failed), the other ranks
+        told. Returns the exit code."""
+        text = one_line(error)
+        print(f"train_classifier.py: rank {self.rank}: error: {text}", file=sys.stderr, flush=True)
+        if self._claim_end():
+            self._write(self.clock.ready())
+            self.record.log("event", event="failed", error=text, step=self.step)
+            self.record.finish(status="failed", error=text, failed_step=self.step, **self._early_summary())
+            self._restore_signals()
+        return self.failed(f"failed: {text}")
 
     def stopped_by_other_rank(self, error: BaseException) -> int:
         """A collective of this rank failed: when another rank left a stop note (it ran out of memory, or
@@ -351,7 +372,7 @@ class Instrument(Peers):
         return {"steps": self.steps_done, "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device),
                 "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(), **self.host_energy.summary(),
                 "process_started_unix": process_started_unix(),
-                "train_loss": self.last_metrics.get("loss"), "observed": self.observed}
+                "train_loss": self.last_metrics.get("loss"), "notes": self.notes, "observed": self.observed}
 
     def _restore_signals(self) -> None:
         for signum, previous in self._signals.items():
@@ -360,6 +381,27 @@ class Instrument(Peers):
             except (ValueError, TypeError):  # not the main thread, or a handler set outside Python
                 pass
         self._signals = {}
+
+
+def validation_skipped(config: dict) -> str | None:
+    """The note of a training run that will not validate because its data has no validation set (--test,
+    --lr-finder and --data synthetic never validate: no note)."""
+    data = config.get("data")
+    if config.get("val_images") is not None or config.get("test") or config.get("lr_finder") or \
+            data in (None, "synthetic"):
+        return None
+    if config.get("data_format", "folder") == "folder":
+        return f"no val/ folder under {data}: validation skipped"
+    return f"no val split in {data} (converted from a folder without val/): validation skipped"
+
+
+def one_line(error: BaseException) -> str:
+    """The error's own sentence. A DataLoader worker's comes back as 'Caught X in DataLoader worker process 0.
+    Original Traceback ...', whose last line is '<module>.X: <the sentence>'."""
+    text = str(error).strip()
+    if "\nOriginal Traceback" in text:
+        text = text.splitlines()[-1].split(": ", 1)[-1]
+    return text
 
 
 # ---- a cancelled job -------------------------------------------------------------------------------------
