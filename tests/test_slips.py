@@ -74,12 +74,19 @@ def make_dataset(root: Path, train: int = 6, val: int = 2) -> Path:
     return root
 
 
-def train(runs: Path, run_id: str, *args):
-    """One process of the reference script, started warm; one thread (the CI machines have two cores)."""
+def train(runs: Path, run_id: str, *args, ranks: int = 1):
+    """The reference script, started warm, on `ranks` processes; one thread each (the CI machines have two cores)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, str(SOLUTIONS / "train_classifier.py"), "--runs-dir", str(runs), "--model", "resnet18",
                "--image-size", "32", "--batch-size", "4", "--print-every", "1000", *map(str, args)]
-    return run_warm(command, env, 240, cwd=REPO)
+    return run_warm(command, env, 240, ranks=ranks, cwd=REPO)
+
+
+def cut_short(data: Path) -> Path:
+    """One training JPEG of `data`, cut short in its compressed data: a real truncated file."""
+    damaged = sorted((data / "train").rglob("*.JPEG"))[3]
+    damaged.write_bytes(damaged.read_bytes()[:400])
+    return damaged
 
 
 def test_a_folder_without_val_says_that_validation_is_skipped(tmp_path):
@@ -106,8 +113,7 @@ def test_a_folder_with_val_has_no_note(tmp_path):
 def test_a_truncated_jpeg_stops_the_run_naming_the_file(tmp_path, workers):
     """The chosen behaviour: the run fails (exit 1) and its one line names the file; nothing is skipped."""
     data = make_dataset(tmp_path / "data")
-    damaged = sorted((data / "train").rglob("*.JPEG"))[3]
-    damaged.write_bytes(damaged.read_bytes()[:400])  # a real JPEG, cut short in its compressed data
+    damaged = cut_short(data)
     done = train(tmp_path / "runs", "cut", "--data", data, "--epochs", 1, "--num-workers", workers)
     assert done.returncode == 1, done.stderr[-3000:]
     line = f"train_classifier.py: rank 0: error: {damaged} cannot be decoded ("
@@ -115,6 +121,18 @@ def test_a_truncated_jpeg_stops_the_run_naming_the_file(tmp_path, workers):
     assert done.stderr.rstrip().endswith("the image is damaged or cut short; replace or remove the file")
     summary = read_rank(tmp_path / "runs" / "cut" / "rank0")["summary"]
     assert summary["status"] == "failed" and summary["error"] == done.stderr.split(": error: ", 1)[1].rstrip()
+
+
+def test_a_truncated_jpeg_on_one_rank_stops_the_other_with_its_cause(tmp_path):
+    data = make_dataset(tmp_path / "data")
+    damaged = cut_short(data)
+    done = train(tmp_path / "runs", "cut2", "--data", data, "--epochs", 1, ranks=2)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    summaries = [read_rank(tmp_path / "runs" / "cut2" / f"rank{r}")["summary"] for r in (0, 1)]
+    [failed] = [s for s in summaries if "stopped_by_rank" not in s]
+    [stopped] = [s for s in summaries if "stopped_by_rank" in s]
+    assert failed["status"] == stopped["status"] == "failed" and failed["error"].startswith(f"{damaged} cannot be")
+    assert stopped["error"].startswith(f"rank {failed['rank']} failed: {damaged} cannot be decoded (")
 
 
 def test_a_checkpoint_that_needs_more_than_weights_is_refused_and_never_unpickled(tmp_path):
