@@ -107,3 +107,25 @@ def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
         final = widget.inner_text()
         assert final != first
         page.context.browser.close()
+
+
+def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
+    """Day 1's TP1.1 text links the student's script: a click opens it in JupyterLab's editor, at the root the
+    README's command serves (the repository: notebooks/ and tp_scripts/ side by side)."""
+    from playwright.sync_api import sync_playwright
+
+    url, token = jupyterlab
+    with sync_playwright() as playwright:
+        page = new_page(playwright)
+        page.goto(f"{url}/lab/tree/notebooks/{DAY1.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-MarkdownCell", timeout=60_000)
+        link = page.locator(".jp-MarkdownCell a", has_text="tp_scripts/train_classifier.py").first
+        link.scroll_into_view_if_needed()
+        link.click()
+        page.wait_for_selector(".lm-TabBar-tab.lm-mod-current:has-text('train_classifier.py')", timeout=60_000)
+        editor = page.wait_for_selector(".jp-FileEditor .cm-content", timeout=60_000)
+        page.wait_for_function("() => document.querySelector('.jp-FileEditor .cm-content').innerText"
+                               ".includes('YOUR COPY of train_classifier.py')", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-edit-link.png"), full_page=False)
+        assert "train_classifier.py" in editor.inner_text()
+        page.context.browser.close()

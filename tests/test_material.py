@@ -261,3 +261,39 @@ def test_compare_finds_solution_and_shows_what_is_left(course):
 def test_repository_student_material_is_up_to_date():
     result = run_cli("check", cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_edit_links_follow_the_todo_lines(tmp_path):
+    """A notebook's ✏️ link names the lines of its TODO in the student file; the build keeps them true, check
+    lists them when they are not, and a link to a TODO the file does not hold is an error."""
+    from dlokit.material import edit_links
+
+    (tmp_path / "tp_scripts").mkdir()
+    script = tmp_path / "tp_scripts" / "train.py"
+    script.write_text("import torch\n\n    # TODO TP9.1\nx = 1\n    # TODO TP9.1\n")
+    (tmp_path / "notebooks").mkdir()
+    notebook = tmp_path / "notebooks" / "day9.ipynb"
+    link = "✏️ [tp_scripts/train.py](../tp_scripts/train.py): `TODO TP9.1`"
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "markdown", "metadata": {}, "source": [f"## TP9.1\n\n{link}"]}],
+                                    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n")
+    assert edit_links.stale_links(tmp_path) == [f"{notebook}: an edit link's line numbers are out of date"]
+    assert edit_links.refresh(tmp_path) == [notebook]
+    assert f"{link}, lines 3, 5" in notebook.read_text() and edit_links.stale_links(tmp_path) == []
+    script.write_text("# a line more\n" + script.read_text())  # the TODOs moved down
+    assert edit_links.stale_links(tmp_path) and edit_links.refresh(tmp_path) == [notebook]
+    assert f"{link}, lines 4, 6" in notebook.read_text()
+    script.write_text("import torch\n")
+    with pytest.raises(ValueError, match="holds no `TODO TP9.1`"):
+        edit_links.refresh(tmp_path)
+
+
+def test_every_tp_that_edits_a_file_links_it():
+    """Each TODO of the student files is linked from a notebook's TP text, and each link names a TODO."""
+    from dlokit.material import edit_links
+
+    linked = {(m["href"].removeprefix("../"), m["tp"]) for notebook in edit_links.notebooks(REPO)
+              for m in edit_links.LINK.finditer(notebook.read_text(encoding="utf-8"))}
+    todos = {(path.relative_to(REPO).as_posix(), tp) for path in (REPO / "tp_scripts").rglob("*.py")
+             if "solutions" not in path.parts
+             for tp in set(__import__("re").findall(r"#\s*TODO (TP\d+\.\d+)", path.read_text(encoding="utf-8")))}
+    assert todos - linked == set(), f"TODOs no notebook links: {sorted(todos - linked)}"

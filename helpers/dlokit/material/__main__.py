@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dlokit.material import edit_links
 from dlokit.material.build import BuildError, build, default_pairs, stale
 from dlokit.material.diff import compare
 from dlokit.material.markers import MarkerError
@@ -42,14 +43,17 @@ def main(argv=None) -> int:
                 print(f"{solutions} -> {out}: {len(changed)} file(s) written or removed")
                 for path in changed:
                     print(f"  {path}")
+            for notebook in edit_links.refresh(Path(args.root)):
+                print(f"{notebook}: its edit links' line numbers updated")
             return 0
         problems = [p for solutions, out in _pairs(args) for p in stale(solutions, out)]
+        problems += edit_links.stale_links(Path(args.root))
         for problem in problems:
             print(problem)
         if problems:
             print(f"{len(problems)} student file(s) out of date: run `python -m dlokit.material build`")
         return 1 if problems else 0
-    except (MarkerError, BuildError, FileNotFoundError) as error:
+    except (MarkerError, BuildError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
