@@ -139,7 +139,8 @@ def test_a_checkpoint_on_a_full_disk_names_the_file_and_leaves_no_partial_file(t
     with pytest.raises(OSError) as raised:
         _save(checkpointing, path, model, optimizer, scheduler, scaler, step=1)
     assert str(raised.value) == (f"the checkpoint did not fit on the disk at {path}: No space left on device (no "
-                                 "earlier checkpoint); free some space there, or give --checkpoint-path on a larger disk")
+                                 "earlier checkpoint); free some space there, or give --checkpoint-path on a larger "
+                                 "disk")
     assert raised.value.errno == errno.ENOSPC and not path.with_name("checkpoint.pt.tmp").exists()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -91,9 +92,7 @@ def cut_short(data: Path) -> Path:
 
 def test_a_folder_without_val_says_that_validation_is_skipped(tmp_path):
     data = make_dataset(tmp_path / "data")
-    for image in sorted((data / "val").rglob("*")) [::-1]:
-        image.unlink() if image.is_file() else image.rmdir()
-    (data / "val").rmdir()
+    shutil.rmtree(data / "val")
     done = train(tmp_path / "runs", "noval", "--data", data, "--epochs", 1)
     assert done.returncode == 0, done.stderr[-3000:]
     note = f"no val/ folder under {data}: validation skipped"
