@@ -145,9 +145,10 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                  for (s, _), run_id in zip(members, run_ids)]
         with _outside_this_job(), executor.batch():
             submitted = [executor.submit(task) for task in tasks]
+        cluster = jobs.current_cluster() if profile.backend == "slurm" else ""  # job ids are each cluster's own
         for index, (member, member_layout), job, run_id in zip(indices, members, submitted, run_ids):
             card = jobs.JobCard(job_id=run_id or str(job.job_id), native_id=str(job.job_id), name=member.name,
-                                backend=profile.backend,
+                                backend=profile.backend, cluster=cluster,
                                 profile=profile.name, folder=str(folder), argv=member.argv,
                                 command_line=member.command_line, n_gpu=member_layout.n_gpu,
                                 nodes=member_layout.nodes, tasks=member_layout.tasks,
