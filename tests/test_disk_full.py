@@ -159,11 +159,11 @@ def run_on_a_small_disk(tmp_path: Path, data: Path) -> tuple[subprocess.Complete
     train = [sys.executable, str(REPO / "tp_scripts" / "solutions" / "train_classifier.py"), "--data", str(data),
              "--runs-dir", str(small), "--model", "mobilenet_v3_small", "--image-size", "32", "--batch-size", "4",
              "--test", "--test-nsteps", "3", "--checkpoint-steps", "1", "--print-every", "1000"]
-    script = (f'mount -t tmpfs -o size={DISK_MB}m tmpfs "$1" || exit 97; shift; "$@"; code=$?; '
-              f'cp -a {small}/. {kept}/; exit $code')
+    script = (f'mount -t tmpfs -o size={DISK_MB}m tmpfs "$1" || exit 97; small=$1 kept=$2; shift 2; "$@"; '
+              'code=$?; cp -a "$small"/. "$kept"/; exit $code')
     kept.mkdir()
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(small),
-                           *train], capture_output=True, text=True, timeout=240,
+                           str(kept), *train], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "DLOKIT_RUN_ID": "full"})
     if done.returncode == 97 or "unshare failed" in done.stderr:
         pytest.skip(f"no tmpfs can be mounted here: {done.stderr.strip()}")
