@@ -5,9 +5,10 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE_DIR="${1:-${DLOKIT_SLURM_DIR:-$REPO_ROOT/.state/slurm}}"
 STATE_DIR="$(realpath -m -- "$STATE_DIR")"
 
-# Ports: override to run a second cluster (in another STATE_DIR) side by side.
+# Ports: override to run a second cluster (in another STATE_DIR) side by side. Node k's slurmd listens on
+# SLURMD_PORT+k-1: the defaults leave room for the 64 nodes start.sh accepts (16900-16963) apart from the others.
 CTLD_PORT="${DLOKIT_SLURMCTLD_PORT:-16817}"
-SLURMD_PORT="${DLOKIT_SLURMD_PORT:-16818}"
+SLURMD_PORT="${DLOKIT_SLURMD_PORT:-16900}"
 DBD_PORT="${DLOKIT_SLURMDBD_PORT:-16819}"
 DB_PORT="${DLOKIT_MARIADB_PORT:-13306}"
 

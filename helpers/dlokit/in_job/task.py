@@ -54,9 +54,11 @@ class ScriptTask:
                     pass
 
         previous = signal.signal(signal.SIGTERM, on_stop)
-        returncode = 0
+        returncode = jobenv.EXIT_FAILED  # until the script has returned 0: the usage record decides COMPLETED
         try:
-            return CommandFunction(command, cwd=self.cwd, env=env)()
+            output = CommandFunction(command, cwd=self.cwd, env=env)()
+            returncode = 0
+            return output
         except FailedJobError as err:
             returncode = getattr(err.__cause__, "returncode", 1)
             if stopped:
@@ -99,7 +101,8 @@ def _memory_limit_mb(job, env: dict) -> int:
 
 
 def _write_usage(job, limit_mb: int, returncode: int, stopped: list) -> None:
-    """`<job>_<task>_usage.json` beside the logs: the script's peak memory and how it ended (job_outcome reads it)."""
+    """`<job>_<task>_usage.json` beside the logs: the script's peak memory and how it ended. job_outcome reads it
+    (its returncode 0, in every task, is what makes a local job COMPLETED: submitit's result pickle is never read)."""
     try:
         peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         warm = _warm_usage_path(job)
@@ -107,8 +110,10 @@ def _write_usage(job, limit_mb: int, returncode: int, stopped: list) -> None:
             peak_kb = max(peak_kb, json.loads(warm.read_text())["peak_rss_kb"])
             warm.unlink()
         path = Path(job.paths.folder) / f"{job.job_id}_{job.global_rank}_usage.json"
-        path.write_text(json.dumps({"peak_rss_mb": round(peak_kb / 1024, 1), "mem_limit_mb": limit_mb or None,
-                                    "returncode": returncode, "cancelled": bool(stopped)}))
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole or absent: a cut record reads UNKNOWN
+        tmp.write_text(json.dumps({"peak_rss_mb": round(peak_kb / 1024, 1), "mem_limit_mb": limit_mb or None,
+                                   "returncode": returncode, "cancelled": bool(stopped)}))
+        os.replace(tmp, path)
     except OSError:
         pass
 
