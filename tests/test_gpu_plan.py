@@ -12,9 +12,10 @@ def named(rows):
     return [(row["tp"], row["job"], row["finding"]) for row in gpu_plan.findings(rows)]
 
 
+@pytest.mark.parametrize("dtype", gpu_plan.DTYPES)
 @pytest.mark.parametrize("ranks", [4, 8])
-def test_every_day4_job_is_valid_and_fits_an_80gb_node(ranks):
-    rows = gpu_plan.plan(ranks, card_gib=80)
+def test_every_day4_job_is_valid_and_fits_an_80gb_node(ranks, dtype):
+    rows = gpu_plan.plan(ranks, card_gib=80, dtype=dtype)
     assert len(rows) == 31 and named(rows) == []
     trained = [row for row in rows if row["need_gib"] is not None]
     assert all(row["need_gib"] > 1 for row in trained)  # 1b and 3b, planned: not the CPU's tiny model
@@ -24,16 +25,18 @@ def test_every_day4_job_is_valid_and_fits_an_80gb_node(ranks):
 def test_the_jobs_that_would_not_fit_a_40gb_card_are_named():
     found = named(gpu_plan.plan(4, card_gib=40))
     single = [f for f in found if "--mode single" in f[1]]
-    assert single and "out of memory: needs 57" in single[0][2]  # TP4.2/TP4.6's reference: the whole batch, one GPU
-    assert [f for f in found if "--mode ddp" in f[1] and "--steps 6" in f[1]]  # TP4.1's DDP: 36 GiB
+    assert single and "out of memory: needs 40.0" in single[0][2]  # TP4.2/TP4.6's reference: the whole batch, one GPU
     scan = [f for f in found if "--memory-limit 48939" in f[1]]
     assert len(scan) == 8 and all("a 40 GB card gives" in f[2] for f in scan)  # the scan's limit is past the card
-    assert {f[0] for f in found} == {"TP4.1", "TP4.2"}
+    assert len(found) == 9
+    in_fp32 = named(gpu_plan.plan(4, card_gib=40, dtype="fp32"))
+    assert [f for f in in_fp32 if "--mode ddp" in f[1] and "--steps 6" in f[1]]  # TP4.1's DDP too: 35.2 GiB
 
 
-def test_the_sizes_for_40gb_cards_fit_them():
+@pytest.mark.parametrize("dtype", gpu_plan.DTYPES)
+def test_the_sizes_for_40gb_cards_fit_them(dtype):
     smaller = gpu_plan.SMALLER_CARDS[40]
-    assert named(gpu_plan.plan(smaller["RANKS"], 40, sizes={**gpu_plan.GPU_SIZES, **smaller})) == []
+    assert named(gpu_plan.plan(smaller["RANKS"], 40, sizes={**gpu_plan.GPU_SIZES, **smaller}, dtype=dtype)) == []
 
 
 def test_the_sizes_cell_suggests_the_plans_sizes():
@@ -53,7 +56,7 @@ def test_the_course_cpu_sizes_are_unchanged_and_valid():
 
 
 @pytest.mark.parametrize("sizes, job, finding", [
-    ({"BATCH": 16}, "--mode single", "out of memory: needs 91"),        # the old suggestion
+    ({"BATCH": 16, "SEQ_LEN": 2048}, "--mode single", "out of memory: needs 91"),  # the old suggestion
     ({"COMPRESS_CONFIG": "1b"}, "compress_bench.py", "runs on the CPU"),  # a 1.24 B model on the CPU
     ({"CONFIG": "125m"}, "--mode pp", "n_layers = 12 is not divisible"),  # 8 stages of 12 layers
 ])

@@ -38,7 +38,7 @@ GIB = memory_model.GIB
 
 # What the "Sizes" cell of the notebook tells an instructor to set on a GPU node (RANKS: 4 or 8, the node's GPUs)
 GPU_SIZES = {
-    "CONFIG": "1b", "SEQ_LEN": 2048, "BATCH": 8, "OOM_CONFIG": "3b",
+    "CONFIG": "1b", "SEQ_LEN": 1024, "BATCH": 8, "OOM_CONFIG": "3b",
     "SCAN_CONFIG": "1b", "SCAN_SEQ_LEN": 2048, "SCAN_BATCHES": [8, 16, 32, 64],
     "LOSS_MODES": ["ddp", "zero1", "fsdp", "tp-scratch", "tp", "pp", "cp", "fsdp-tp", "hsdp"],
 }
@@ -46,7 +46,9 @@ GPU_SIZES = {
 # take 23 GiB, its logits at 2048 tokens most of the rest): the day runs the 125m model on 4 ranks (125m's 12 layers
 # do not split into 8 pipeline stages), and the batch scan keeps 1b at shorter sequences.
 SMALLER_CARDS = {40: {"RANKS": 4, "CONFIG": "125m", "SCAN_SEQ_LEN": 256}}
-DTYPE = "bf16"  # what Day 1 keeps on a GPU, carried into every train_llm.py command
+# Day 4 computes in the precision Day 1 kept: bf16, or fp32 where Day 1 kept fp16 (train_llm.py has none) or fp32
+DTYPES = ("bf16", "fp32")
+DTYPE = DTYPES[0]
 CARDS_GIB = (80, 40)
 
 # What a card gives the tensors the memory model counts: the CUDA context (and cuBLAS's workspace) and NCCL's
@@ -218,14 +220,14 @@ def _short(command: str) -> str:
     return " ".join([Path(argv[0]).name, *(" ".join([o, *v]) for o, v in groups)])
 
 
-def plan(ranks: int = 4, card_gib: float = 80, sizes: dict | None = None) -> list[dict]:
+def plan(ranks: int = 4, card_gib: float = 80, sizes: dict | None = None, dtype: str = DTYPE) -> list[dict]:
     """Every Day-4 job at the notebook's parameters updated with `sizes` (default GPU_SIZES), on a node of `ranks`
-    cards of `card_gib` GB each: a row per job (check)."""
+    cards of `card_gib` GB each, computing in `dtype`: a row per job (check)."""
     cpu = notebook_parameters()
     gpu = {**cpu, **(GPU_SIZES if sizes is None else sizes), "RANKS": ranks}
     cpu_jobs = day4_jobs(cpu, ranks=cpu["RANKS"], dtype="fp32")
     rows = []
-    for job in day4_jobs(gpu, ranks):
+    for job in day4_jobs(gpu, ranks, dtype):
         same = next((c for c in cpu_jobs if c.tp == job.tp and _script(c) == _script(job)), None)
         rows.append(check(job, card_gib, same))
     return rows
@@ -244,10 +246,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--card-gib", type=float, nargs="+", default=list(CARDS_GIB))
     args = parser.parse_args(argv)
-    for ranks in args.ranks:
-        for card in args.card_gib:
-            rows = plan(ranks, card)
-            print(f"\n{ranks} x {card:g} GB: {len(findings(rows))} finding(s) in {len(rows)} jobs")
+    for ranks, card, dtype in [(r, c, d) for r in args.ranks for c in args.card_gib for d in DTYPES]:
+        for label, sizes in [("GPU_SIZES", GPU_SIZES)] + ([(f"SMALLER_CARDS[{card:g}]", {**GPU_SIZES, **SMALLER_CARDS[card]})]
+                                                          if card in SMALLER_CARDS else []):
+            rows = plan(sizes.get("RANKS", ranks), card, sizes, dtype)
+            print(f"\n{sizes.get('RANKS', ranks)} x {card:g} GB, {dtype}, {label}: {len(findings(rows))} finding(s) in {len(rows)} jobs")
             for row in rows:
                 need = f"{row['need_gib']:6.1f}" if row["need_gib"] is not None else "     -"
                 print(f"  {row['tp']}  {need} GiB  {row['finding'] or 'ok'}  <- {row['job']}")
