@@ -45,9 +45,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlokit.in_job.energy import HostEnergyMeter, process_started_unix
-from dlokit.in_job.jobenv import EXIT_REQUEUE
+from dlokit.in_job.jobenv import EXIT_PEER_FAILED, EXIT_REQUEUE
 from dlokit.in_job.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb, tf32_enabled
-from dlokit.in_job.peers import Peers, abort_process_group, job_store, wait_for_every_rank
+from dlokit.in_job.peers import (ACK_WAIT_S, LEAVE_GRACE_S, WATCH_EVERY_S, Peers, abort_process_group, job_store,
+                                 wait_for_every_rank)
 from dlokit.in_job.runrecord import RunRecorder
 
 from .image_data import uses_randaugment
@@ -318,6 +319,11 @@ class Instrument(Peers):
         was cancelled), record that cause rather than the broken connection, and return the exit code;
         otherwise re-raise `error` (the usual failed summary and traceback follow)."""
         code = self.peer_stop_code()
+        if code is None and self._ended:
+            # The watch thread is already ending this rank for another rank's note (and exits the process once that
+            # rank has left); the note is gone when the store left with it. No traceback of the broken collective.
+            time.sleep(ACK_WAIT_S + LEAVE_GRACE_S + WATCH_EVERY_S)
+            return EXIT_PEER_FAILED
         if code is None:
             raise error
         return code
