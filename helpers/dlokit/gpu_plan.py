@@ -97,7 +97,7 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
                       planned_dtype=dtype)
     jobs = [Job("TP4.1", day.command(m, "--data", "text", "--grad-norm"), ranks) for m in p["MEMORY_MODES"]]
     jobs.append(Job("TP4.2", day.command("single", "--data", "text", "--grad-norm"), 1))
-    oom = oom_sizes(p, ranks)
+    oom = oom_sizes(ranks)
     need = llm_memory.oom_demo_limit_mb(llm_memory.model_config(LLM, p["OOM_CONFIG"]), ranks=ranks,
                                         batch_size=oom[1], seq_len=oom[3], dtype=dtype)
     limit = p["OOM_LIMIT_MB"] or need["limit_mb"]
@@ -129,7 +129,7 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
     return jobs
 
 
-def oom_sizes(p: dict, ranks: int) -> list:
+def oom_sizes(ranks: int) -> list:
     """TP4.2's OOM demo: one sequence per rank (the weights and their states are the point)."""
     return ["--batch-size", ranks, "--seq-len", 16]
 
