@@ -246,7 +246,8 @@ def per_rank_table(config, **options):
     b = estimate(config, **options).as_dict("GiB")
     rows = {"weights": b["weights"], "gradients": b["gradients"], "optimizer states": b["optimizer"],
             "activations": b["activations"],
-            "transient: gathered weights, unsharded gradients (ZeRO-3), recomputed block (AC)": b["transient"],
+            "transient: gathered weights, unsharded gradients (ZeRO-3), recomputed block (AC), optimizer step (CUDA)":
+                b["transient"],
             "total": b["total"]}
     return pd.DataFrame({"GiB per rank": rows}).round(3)
 
@@ -273,7 +274,7 @@ def calculator(configs: dict | None = None, device_gib: float = 80.0):
 
     def show(_=None):
         options = {k: v.value for k, v in w.items() if k != "model"}
-        table = per_rank_table(choices[w["model"].value], **options)
+        table = per_rank_table(choices[w["model"].value], cuda=True, **options)  # a GPU's: foreach AdamW
         total = table.loc["total", "GiB per rank"]
         verdict = "fits" if total <= 0.9 * device_gib else "does NOT fit"
         output.outputs = ()  # written directly (not `with output:`), so it also works outside a kernel
