@@ -160,7 +160,7 @@ def test_parallel_run_matches_single_process(runs, reference, name):
         assert 0 <= s["pp_idle_fraction_measured"] < 1
 
 
-@pytest.mark.parametrize("schedule, nproc", [("1f1b", 2), ("interleaved", 2)])
+@pytest.mark.parametrize("schedule, nproc", [("1f1b", 2), ("interleaved", 2), ("1f1b", 4)])
 def test_pipeline_of_a_tied_model_matches_single_process(tmp_path, schedule, nproc):
     """125m, 1b and 3b tie the output to the embedding: the first and the last stage each keep a copy and add
     each other's gradient, so the pipeline trains the single model (losses and gradient norms, step by step)."""
