@@ -403,3 +403,11 @@ def test_on_cuda_the_model_counts_adamws_foreach_temporaries():
         assert cuda.optimizer_step == pytest.approx(4 * psi / share) and cpu.optimizer_step == 0
         assert cuda.total - cpu.total == pytest.approx(4 * psi / share)
     assert estimate(config, batch_size=2, seq_len=16, optimizer="sgd", cuda=True).optimizer_step == 0
+
+
+def test_the_oom_demo_limit_refuses_a_batch_the_ranks_cannot_split():
+    """Planned for max(1, 2 // 4) before: a limit for a job train_llm.py refuses (exit 2) at --batch-size 2 on 4 ranks."""
+    from dlokit.analysis.llm_memory import model_config, oom_demo_limit_mb
+
+    with pytest.raises(ValueError, match="--batch-size 2 does not split over 4 ranks"):
+        oom_demo_limit_mb(model_config(SOLUTION.parent, "oom-demo"), ranks=4, batch_size=2, seq_len=16)

@@ -150,6 +150,9 @@ def oom_demo_limit_mb(config: dict, *, ranks: int, batch_size: int, seq_len: int
     """TP4.2: each rank's memory limit between what FSDP and DDP need per rank (layout_need_mb): {"ddp_mb",
     "fsdp_mb", "limit_mb"}, the limit at their geometric mean (as far from each, in ratio). Measured on the oom-demo
     config with 2 CPU ranks: FSDP needed 0.94-0.97 GB, DDP 1.7-1.9 GB, against 0.87 and 1.82 modelled."""
+    if batch_size < ranks or batch_size % ranks:  # what train_llm.py refuses: no job of this batch would run
+        raise ValueError(f"--batch-size {batch_size} does not split over {ranks} ranks: give a multiple of {ranks} "
+                         f"(e.g. {ranks}, one sequence per rank)")
     ddp, fsdp = (layout_need_mb(config, layout, ranks=ranks, batch_size=batch_size, seq_len=seq_len, dtype=dtype)
                  for layout in ("ddp", "fsdp"))
     return {"ddp_mb": ddp, "fsdp_mb": fsdp, "limit_mb": round((ddp * fsdp) ** 0.5)}
