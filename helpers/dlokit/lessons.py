@@ -10,6 +10,13 @@ whose mechanism needs a GPU (tensor cores, an asynchronous device queue) is "not
 run whatever the ratio: the ratio is shown, the public GPU figure beside it (../shared/reference/figures.md,
 quoted with its source, never presented as ours). The check cells call the same judge, so the verdict
 above a check and the check's speed part never disagree.
+
+A lesson names the facts of a run record that show its treatment happened (`evidence`: the logits' dtype, the
+memory format, the device, the DataLoader workers in use, whether a variant compiled). When both arms' records
+show the same facts, the two arms computed the same thing: their ratio is the spread between runs of one
+computation, and the verdict says "same computation" with what the record shows (untreated()); when the arm had
+asked for the treatment, the sentence names the TODO that makes it happen. compare_runs and the checks ask the
+same question, so no bar, verdict or ✅ shows an effect the records say did not happen.
 """
 from __future__ import annotations
 
@@ -18,8 +25,8 @@ import math
 from dataclasses import dataclass
 
 from dlokit.analysis import stats
-from dlokit.analysis.stats import (AGREES, CONTRADICTS, NO_INTERVAL, NO_MEASUREMENT, NOT_APPLICABLE, WITHIN_NOISE,
-                                   Estimate)
+from dlokit.analysis.stats import (AGREES, CONTRADICTS, NO_INTERVAL, NO_MEASUREMENT, NOT_APPLICABLE,
+                                   SAME_COMPUTATION, WITHIN_NOISE, Estimate)
 
 MIME = "application/vnd.dlokit.verdict+json"  # what a saved notebook keeps of a verdict, machine-readable
 
@@ -32,6 +39,10 @@ class Lesson:
     gpu_only: str = ""        # why only a GPU can show it: a CPU-only run is "not applicable"
     metric: str = "throughput_train"
     measured: str = "throughput"  # the metric in words
+    evidence: tuple = ()      # record facts (a run's `observed`, a row's columns) that differ when the treatment happened
+    shows: str = ""           # those facts in words, formatted with them
+    asked: str = ""           # the option (a run's config, a row's column) that asks for the treatment
+    todo: str = ""            # where the student makes it happen
 
 
 LESSONS = {
@@ -39,29 +50,39 @@ LESSONS = {
         "a GPU trains many times faster than the CPU", True,
         "ResNet-50, 1×A100-80GB, AMP: 2,470 img/s (NVIDIA DeepLearningExamples); the same model on this "
         "project's 2-core CPU: ≈5.5 img/s at 224 px",
-        "without a GPU both runs computed on the CPU: there is no GPU run to compare"),
+        "without a GPU both runs computed on the CPU: there is no GPU run to compare",
+        evidence=("device", "model_device"), shows="batches on {device}, weights on {model_device}",
+        asked="device_type", todo="TODO TP1.1"),
     "amp": Lesson(
         "16-bit autocast speeds training up on tensor cores and halves activation memory", True,
         "ResNet-50, 1×A100-80GB: 2,470 img/s with AMP vs 938 img/s in TF32 (NVIDIA DeepLearningExamples)",
         "the speed-up it teaches comes from tensor cores, which only GPUs have; what bf16 autocast does on a CPU "
         "is another effect, set by the CPU's bf16 instructions (AVX512-BF16, AMX) or their absence",
-        metric="throughput_compute", measured="compute throughput"),
+        metric="throughput_compute", measured="compute throughput",
+        evidence=("amp_dtype", "tf32"), shows="logits in {amp_dtype}", asked="amp", todo="TODO TP1.2"),
     "channels_last": Lesson(
         "NHWC convolutions avoid layout conversions around tensor-core kernels", True,
         "ResNet-50 on A100, timm with AMP + channels_last: ≈2,600 img/s (pytorch-image-models issue 1491), "
         "vs 2,470 img/s AMP in NVIDIA's reference",
         "the conversions it removes are those of cuDNN's tensor-core kernels; CPU convolutions have no such "
-        "kernels to feed", metric="throughput_compute", measured="compute throughput"),
+        "kernels to feed", metric="throughput_compute", measured="compute throughput",
+        evidence=("channels_last_weights", "channels_last_input"),
+        shows="NHWC weights {channels_last_weights}, NHWC images {channels_last_input}", asked="channels_last",
+        todo="TODO TP1.3"),
     "tf32": Lesson(
         "TF32 tensor cores speed up fp32 matrix products and convolutions", True,
         "A100: 156 TFLOPS in TF32 vs 19.5 TFLOPS in strict fp32 (NVIDIA's A100 datasheet)",
         "TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 in fp32",
-        metric="throughput_compute", measured="compute throughput"),
+        metric="throughput_compute", measured="compute throughput",
+        evidence=("tf32",), shows="TF32 allowed {tf32}", asked="tf32", todo="set_tf32 in the script"),
     "dataloader": Lesson(
         "worker processes and prefetching hide the data loading behind the computation: the training loop "
         "waits less for each batch", False,
         "DLO-JZ, ResNet-152 batch 512 on 1×A100: 226 img/s with every DataLoader option off, 1,164 img/s tuned",
-        metric="t_data", measured="time waiting for the batch"),
+        metric="t_data", measured="time waiting for the batch",
+        evidence=("loader_num_workers", "batch_pinned"),
+        shows="{loader_num_workers} DataLoader workers, pinned batches {batch_pinned}", asked="num_workers",
+        todo="TODO TP2.1"),
     "ddp": Lesson(
         "N data-parallel ranks train close to N times faster (weak scaling)", True,
         "DLO-JZ, ResNet-152: 4,455 img/s on 4×A100 (≈96 % efficiency), 26.2k img/s on 32×A100 (≈70 %)"),
@@ -80,7 +101,9 @@ LESSONS = {
     "compile": Lesson(
         "after a one-off compile time, compiled code runs each step faster (fused kernels, fewer memory trips)", True,
         "Llama-3.1-8B on 8×H100 with torchtitan: 5,762 tokens/s/GPU eager, 6,667 with torch.compile",
-        metric="t_step", measured="step time"),
+        metric="t_step", measured="step time",
+        evidence=("compiled",), shows="compiled {compiled}, compile time {t_compile:.1f} s", asked="variant",
+        todo="TODO TP3.3 in compile_bench.py"),
     "fused_optimizer": Lesson(
         "an optimizer step fused per tensor (Adam(fused=True), PyTorch's own) beats the for-each implementation, "
         "which reads and writes every parameter once per operation", True,
@@ -108,6 +131,7 @@ class Verdict:
     estimate: Estimate
     on_gpu: bool
     outcome: str
+    same: str = ""  # SAME_COMPUTATION: what the records show both arms did (untreated())
 
     @property
     def lesson(self) -> Lesson:
@@ -131,6 +155,12 @@ class Verdict:
         if self.outcome == NO_MEASUREMENT:
             return f"{self.what}: no measurement to compare (a run failed or is missing). The lesson: {lesson.expectation}."
         where = "on a GPU" if self.on_gpu else "on the CPU"
+        if self.outcome == SAME_COMPUTATION:
+            apart = f" (their ratio, ×{self.estimate.value:.2f}, is what two runs of one computation differ by)" \
+                if self.estimate.runs and math.isfinite(self.estimate.value) else ""
+            text = (f"{self.what}, {where}: same computation: {self.same}. Both arms computed the same thing, so this "
+                    f"comparison shows no effect{apart}. The lesson: {lesson.expectation}.")
+            return text + ("" if self.on_gpu else f" For comparison, a public GPU figure (not ours): {lesson.public}.")
         text = f"{self.what}, {where}: {self.measured_text}. The lesson: {lesson.expectation}. "
         side = "above" if lesson.expects_gain else "below"
         if self.outcome == NOT_APPLICABLE:
@@ -154,17 +184,21 @@ class Verdict:
         e = self.estimate
         numbers = {"ratio": e.value, "low": e.low, "high": e.high}
         return {"effect": self.effect, "what": self.what, "outcome": self.outcome, "on_gpu": self.on_gpu,
-                **{k: v if math.isfinite(v) else None for k, v in numbers.items()}, "runs": e.runs, "basis": e.basis}
+                **{k: v if math.isfinite(v) else None for k, v in numbers.items()}, "runs": e.runs, "basis": e.basis,
+                "same": self.same}
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return {"text/markdown": f"> {html.escape(self.text)}", "text/plain": self.text, MIME: self.as_json()}
 
 
-def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str) -> Verdict:
-    """The verdict of a ratio already estimated (other / baseline, dlokit.analysis.stats)."""
+def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str, same: str = "") -> Verdict:
+    """The verdict of a ratio already estimated (other / baseline, dlokit.analysis.stats); `same`: what
+    untreated() found, when the records show both arms computed the same thing."""
     lesson = LESSONS[effect]
     estimate = estimate or stats.NO_ESTIMATE
-    if lesson.gpu_only and not on_gpu:
+    if same:
+        outcome = SAME_COMPUTATION
+    elif lesson.gpu_only and not on_gpu:
         outcome = NOT_APPLICABLE
     elif not estimate.runs:
         outcome = NO_MEASUREMENT
@@ -172,7 +206,43 @@ def verdict_of(effect: str, estimate: Estimate | None, on_gpu: bool, what: str) 
         outcome = NO_INTERVAL
     else:
         outcome = estimate.outcome(lesson.expects_gain)
-    return Verdict(effect, what, estimate, on_gpu, outcome)
+    return Verdict(effect, what, estimate, on_gpu, outcome, same)
+
+
+def untreated(effects, base, other) -> str:
+    """'' unless the records of both arms (lists of Runs, or of dicts such as compile_table rows) show the same
+    facts for every lesson of `effects` (a name or several): then what they show, and when the other arm asked for
+    the treatment and its records show it did not happen, the TODO that makes it happen. A fact missing from a
+    record proves nothing: ''."""
+    said = []
+    for effect in [effects] if isinstance(effects, str) else effects:
+        lesson = LESSONS[effect]
+        facts = [_facts(item, lesson) for item in (*base, *other)]
+        if not lesson.evidence or not facts or None in facts or len(set(facts)) > 1:
+            return ""
+        shows = lesson.shows.format(**_seen(other[0]))
+        wanted, had = _asked(other[0], lesson), _asked(base[0], lesson)
+        said.append(f"both arms' records show {shows}" if wanted == had else
+                    f"the arm that asked for {lesson.asked} {wanted} shows {shows}, as its baseline does: {lesson.todo}")
+    return "; ".join(said)
+
+
+def _seen(item) -> dict:
+    """What a run observed (run.json `observed`), or a row as it is."""
+    if isinstance(item, dict):
+        return item
+    return item.info.get("observed") or item.summary.get("observed") or {}
+
+
+def _asked(item, lesson: Lesson):
+    return item.get(lesson.asked) if isinstance(item, dict) else item.config.get(lesson.asked)
+
+
+def _facts(item, lesson: Lesson) -> tuple | None:
+    seen = _seen(item)
+    if any(key not in seen for key in lesson.evidence):
+        return None
+    return tuple(str(seen[key]) for key in lesson.evidence)
 
 
 def judge(effect: str, base_runs, other_runs, on_gpu: bool, what: str, metric: str | None = None) -> Verdict:
@@ -182,7 +252,7 @@ def judge(effect: str, base_runs, other_runs, on_gpu: bool, what: str, metric: s
 
     base, other = load_runs(_ids(base_runs)), load_runs(_ids(other_runs))
     estimate = stats.ratio(base, other, metric or LESSONS[effect].metric)
-    return verdict_of(effect, estimate, on_gpu, what)
+    return verdict_of(effect, estimate, on_gpu, what, untreated(effect, base, other))
 
 
 def verdict(effect: str, base_runs, other_runs, on_gpu: bool, what: str, metric: str | None = None) -> Verdict:

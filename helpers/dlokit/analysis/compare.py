@@ -5,7 +5,9 @@ baseline.
     compare_runs({"fp32": [a1, a2], "bf16": [b1, b2]}, baseline="fp32")   # repeats of one command form one arm
 
 An arm's value is the median of its runs' settled steps (dlokit.analysis.stats), with a 95 % interval; the
-ratio to the baseline arm carries its own interval (the run is the unit when both arms were repeated).
+ratio to the baseline arm carries its own interval (the run is the unit when both arms were repeated). Given the
+lesson the arms compare (`lesson="amp"`), an arm whose records show it computed what the baseline computed
+(dlokit.lessons.untreated) gets no ratio: its bar says "same computation", and its row why.
 """
 from __future__ import annotations
 
@@ -83,8 +85,12 @@ def _arm_row(label: str, runs, metric: str, table: pd.DataFrame) -> dict:
             "foreign_cpu": rows["foreign_cpu"].max() if rows["foreign_cpu"].notna().any() else float("nan")}
 
 
-def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir=None) -> Comparison:
-    """Compare `metric` (a runs_table column) across arms; ratio = arm / baseline arm, with its interval."""
+def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir=None, lesson=None) -> Comparison:
+    """Compare `metric` (a runs_table column) across arms; ratio = arm / baseline arm, with its interval. `lesson`
+    (a dlokit.lessons name, or several): no ratio for an arm whose records show the same computation as the
+    baseline's."""
+    from dlokit import lessons
+
     arms = arms_of(runs)
     loaded = {label: load_runs(ids, runs_dir) for label, ids in arms.items()}
     table = runs_table([r for group in loaded.values() for r in group])
@@ -93,48 +99,61 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     base = _baseline_label(arms, baseline)
     rows = [_arm_row(label, group, metric, table) for label, group in loaded.items()]
     base_samples = _samples(loaded[base], metric, table) if base is not None else []
-    estimates = {}
+    estimates, same = {}, {}
     for row in rows:
-        if row["arm"] == base:
+        arm = row["arm"]
+        if arm == base:
             estimate = stats.Estimate(1.0, 1.0, 1.0, len(base_samples), sum(len(s) for s in base_samples))
         else:
-            estimate = stats.ratio_of_samples(base_samples, _samples(loaded[row["arm"]], metric, table))
-        estimates[row["arm"]] = estimate
+            same[arm] = lessons.untreated(lesson, loaded[base], loaded[arm]) if lesson and loaded[base] else ""
+            estimate = stats.NO_ESTIMATE if same[arm] else \
+                stats.ratio_of_samples(base_samples, _samples(loaded[arm], metric, table))
+        estimates[arm] = estimate
         row.update(ratio=estimate.value, ratio_low=estimate.low, ratio_high=estimate.high,
-                   basis=estimate.basis_text if estimate.runs else "")
+                   basis=f"same computation: {same[arm]}" if same.get(arm) else
+                   estimate.basis_text if estimate.runs else "")
     out = pd.DataFrame(rows, columns=["arm", "runs", "state", metric, "low", "high", "ratio", "ratio_low",
                                       "ratio_high", "basis", "overlapped_by", "foreign_cpu"])
-    out.attrs["ratios"] = estimates
-    return Comparison(out, _bars(out, metric, base, table, estimates))
+    out.attrs["ratios"], out.attrs["same"] = estimates, {arm: why for arm, why in same.items() if why}
+    return Comparison(out, _bars(out, metric, base, table, estimates, out.attrs["same"]))
 
 
 def _short(text: str, width: int = 24) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estimates: dict) -> Figure:
+def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estimates: dict, same: dict) -> Figure:
     plotted = out[out[metric].notna()]
     notes = [f"run {r.runs}: {r.state}, no {metric}" for r in out[out[metric].isna()].itertuples()]
     notes += overlap_notes({r.run_id: r.overlapped_by.split(", ") for r in table.itertuples() if r.overlapped_by})
     notes += foreign_notes(dict(zip(table["run_id"], table["foreign_cpu"])))
+    notes += [f"{arm}: same computation as {base}: {why}" for arm, why in same.items()]
     if plotted.empty:
         return message_figure(notes or ["no runs to compare"], title=metric)
     notes.append("bars: median of the settled steps; whiskers and [brackets]: 95 % intervals" if metric in STEP_METRICS
                  else "whiskers and [brackets]: 95 % intervals over the runs of each arm")
+    if any(e.basis == stats.WIDENED for e in estimates.values()):
+        notes.append("[brackets] of one run each: widened by the spread between two runs of one command")
     figure, axes = new_figure(size=(max(5, 1.3 * len(plotted) + 2), 4))
     ax = axes[0, 0]
     labels = [_short(str(r.arm)) + ("" if r.state == "completed" else f"\n{_short(r.state)}") for r in plotted.itertuples()]
     low = (plotted[metric] - plotted["low"]).clip(lower=0).fillna(0)
     high = (plotted["high"] - plotted[metric]).clip(lower=0).fillna(0)
-    colors = ["tab:gray" if r.arm == base else "tab:blue" for r in plotted.itertuples()]
+    colors = ["tab:gray" if r.arm == base else "lightgray" if r.arm in same else "tab:blue" for r in plotted.itertuples()]
     bars = ax.bar(labels, plotted[metric], yerr=[low, high], capsize=4, color=colors,
                   hatch=["//" if r.overlapped_by or busy(r.foreign_cpu) else "" for r in plotted.itertuples()])
-    ax.bar_label(bars, labels=[estimates[r.arm].text() if r.arm != base else "baseline" for r in plotted.itertuples()],
+    ax.bar_label(bars, labels=[_bar_label(r.arm, base, estimates, same) for r in plotted.itertuples()],
                  fontsize=8, padding=2)
     ax.set(ylabel=metric, title=f"{metric} (ratio to {base}, 95 % interval)")
     ax.tick_params(axis="x", labelsize=8)
     add_notes(figure, notes)
     return figure
+
+
+def _bar_label(arm: str, base: str, estimates: dict, same: dict) -> str:
+    if arm == base:
+        return "baseline"
+    return "same computation" if arm in same else estimates[arm].text()
 
 
 def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
@@ -153,6 +172,8 @@ def fastest_shown(verdicts: dict, default: str) -> tuple[str, str]:
 
 def _not_kept(arm: str, verdict, default: str) -> str:
     measured = verdict.estimate.text() if verdict.estimate.runs else "not measured"
+    if verdict.outcome == stats.SAME_COMPUTATION:
+        return f"{arm} computed the same as {default}: {verdict.same}"
     if verdict.outcome == stats.NOT_APPLICABLE:
         return f"{arm}'s gain does not apply on this hardware: {default} stays, whatever {arm} measured ({measured})"
     if verdict.outcome == stats.CONTRADICTS:

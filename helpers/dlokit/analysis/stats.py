@@ -14,7 +14,9 @@ is the question an interval must answer:
   (scipy.stats.ttest_ind), the two arms' spreads pooled (it is the machine that varies, alike for both
   commands), turned back into a ratio: honest with few runs, and wide when they disagree.
 * **one run of each**: only the steps are there; the interval is a bootstrap of the ratio of the two
-  medians (scipy.stats.bootstrap) and says so: it leaves out how much a second run would differ.
+  medians (scipy.stats.bootstrap), widened by how much two runs of one command differ here (RUN_SPREAD, measured
+  on the project's 2-core machine), and says so: over one run's steps alone, two runs of one command read
+  ×0.82 [0.79–0.90] apart (Day 1, 2026-11-28), an "effect" that was only the machine.
 """
 from __future__ import annotations
 
@@ -30,9 +32,16 @@ RESAMPLES = 2000
 SEED = 20261125  # the same records always give the same interval
 SETTLED_WITHIN = 0.05  # a step within 5 % of the steady step time has warmed up
 AGREES, CONTRADICTS, WITHIN_NOISE = "agrees", "contradicts", "within noise"
-# a lesson's other outcomes (dlokit.lessons): hardware the jobs did not have, a run missing, too few samples
+# a lesson's other outcomes (dlokit.lessons): hardware the jobs did not have, a run missing, too few samples,
 NOT_APPLICABLE, NO_MEASUREMENT, NO_INTERVAL = "not applicable", "no measurement", "no interval"
+SAME_COMPUTATION = "same computation"  # the records show that both arms computed the same thing
 RUNS, STEPS = "runs", "steps"  # what an interval rests on
+WIDENED = "steps + run spread"  # one run each: its steps' interval, widened by RUN_SPREAD
+# Two runs of one command differ by more than either run's steps say. Ten runs of TP2.2's 1-rank command, alone on
+# the project's 2-core machine (docs/benchmarks.md, course 18, 2026-11-28): the standard deviation of the log of their
+# medians was 0.082 (78.8 to 100.9 img/s). A ratio of one run each adds that spread twice, with the t quantile of the
+# ten runs it was measured on: ±26 % at 95 %.
+RUN_SPREAD, RUN_SPREAD_RUNS = 0.082, 10
 
 
 def warmup_steps(times) -> int:
@@ -114,6 +123,9 @@ class Estimate:
     def basis_text(self) -> str:
         if self.basis == RUNS:
             return f"{self.runs} runs each"
+        if self.basis == WIDENED:
+            return (f"1 run each, {self.steps} steps, widened by the spread between two runs of one command "
+                    f"(±{100 * (math.exp(run_spread_half_width(self.confidence)) - 1):.0f} %, measured here)")
         return f"1 run each, {self.steps} steps: a second run may differ more"
 
     def text(self, unit: str = "×") -> str:
@@ -210,7 +222,24 @@ def ratio_of_samples(base: list, other: list, confidence: float = CONFIDENCE) ->
                              n_resamples=RESAMPLES, method="percentile", vectorized=True,
                              rng=np.random.default_rng(SEED))
     ci = result.confidence_interval
-    return Estimate(value, float(ci.low), float(ci.high), 1, n_steps, STEPS, confidence)
+    return widened(Estimate(value, float(ci.low), float(ci.high), 1, n_steps, STEPS, confidence))
+
+
+def run_spread_half_width(confidence: float = CONFIDENCE) -> float:
+    """Half the width, on the log scale, of the interval of the ratio of two runs of one command (RUN_SPREAD)."""
+    return float(stats.t.ppf((1 + confidence) / 2, RUN_SPREAD_RUNS - 1) * RUN_SPREAD * math.sqrt(2))
+
+
+def widened(ratio: Estimate) -> Estimate:
+    """A ratio of one run each, its interval widened by the run-to-run spread: on the log scale, each side's
+    half-width from the steps and the spread's add in quadrature (independent sources of error)."""
+    if not ratio.usable or min(ratio.value, ratio.low) <= 0:
+        return ratio
+    spread = run_spread_half_width(ratio.confidence)
+    below = math.hypot(math.log(ratio.value / ratio.low), spread)
+    above = math.hypot(math.log(ratio.high / ratio.value), spread)
+    return Estimate(ratio.value, ratio.value * math.exp(-below), ratio.value * math.exp(above), ratio.runs,
+                    ratio.steps, WIDENED, ratio.confidence)
 
 
 def mean_of(mean: float, sd: float, n: int, confidence: float = CONFIDENCE) -> Estimate:
