@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
 # Stop the local Slurm cluster of STATE_DIR (see start.sh). Idempotent; logs stay.
 # Usage: scripts/local_slurm/stop.sh [STATE_DIR]
+#        scripts/local_slurm/stop.sh STATE_DIR slurmctld|slurmdbd|slurmd|slurmd:NODE...   only these daemons,
+#        jobs kept (a controller outage: restart.sh STATE_DIR slurmctld brings it back, with every job)
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "${1:-}"
+if (($# > 1)); then
+    shift
+    for name in "$@"; do
+        case "$name" in
+        slurmctld | slurmdbd) stop_daemon "$name" ;;
+        slurmd) for node in $(node_names); do stop_daemon "$(slurmd_daemon "$node")"; done ;;
+        slurmd:?*)
+            has_node "${name#slurmd:}" || die "no node '${name#slurmd:}' (nodes: $(node_names | tr '\n' ' '))"
+            stop_daemon "$(slurmd_daemon "${name#slurmd:}")"
+            ;;
+        *) die "stop.sh stops slurmctld, slurmdbd, slurmd or slurmd:NODE, not '$name'" ;;
+        esac
+    done
+    exit 0
+fi
 
 # Cancel jobs while slurmctld is still up, so accounting records them as CANCELLED.
 if daemon_pid slurmctld >/dev/null; then

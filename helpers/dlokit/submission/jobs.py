@@ -414,6 +414,32 @@ def slurm_config_problem() -> str:
     return ""
 
 
+PING_EVERY_S = 2.0  # how long the controller's answer to `scontrol ping` is trusted (a wait polls many jobs)
+_pings: dict[str, tuple[float, str]] = {}
+
+
+def controller_silence() -> str:
+    """Why the Slurm controller cannot be asked now ('' when it answers): SLURM_CONF naming a missing file, or
+    `scontrol ping` finding it DOWN, said at once (squeue retries 10 to 20 s before it gives up)."""
+    problem = slurm_config_problem()
+    if problem:
+        return problem
+    key = os.environ.get("SLURM_CONF", "")
+    at, why = _pings.get(key, (0.0, ""))
+    if time.time() - at < PING_EVERY_S:
+        return why
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+        lines = [line for line in done.stdout.splitlines() if " is " in line]
+        why = "" if done.returncode == 0 else f"scontrol ping: {lines[0].strip() if lines else said(done)}"
+    except FileNotFoundError:
+        why = ""  # no scontrol here: squeue says what it can
+    except subprocess.TimeoutExpired as error:
+        why = f"scontrol ping: {said(error)}"
+    _pings[key] = (time.time(), why)
+    return why
+
+
 def said(answer) -> str:
     """The last line a Slurm command wrote on stderr (a CompletedProcess or a TimeoutExpired, whose stderr may be
     bytes), or what went wrong running it."""
@@ -464,9 +490,9 @@ def _squeue_state(card: JobCard) -> dict:
     """Before slurmdbd has the job, squeue knows it (with why a PENDING job waits); a job neither knows is
     UNKNOWN. A controller that does not answer (restarting, or down) makes the job NO_ANSWER, not lost: its state
     is not known, and the cause says so (wait() gives up when that lasts)."""
-    problem = slurm_config_problem()
-    if problem:
-        return no_answer(problem)
+    silence = controller_silence()
+    if silence:
+        return no_answer(silence)
     try:  # -t all: also a job that ended a moment ago (MinJobAge), which sacct may still show RUNNING
         done = subprocess.run(["squeue", "-h", "-t", "all", "-j", card.job_id, "-o", "%T|%M|%r"],
                               capture_output=True, text=True, timeout=20)

@@ -20,24 +20,31 @@ COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_li
 
 
 def job_table(name: str | None = None, job_ids=None) -> pd.DataFrame:
-    """My active jobs (optionally only those with this job name, or these ids) as a DataFrame."""
-    rows = _slurm_rows(name) if current_profile().backend == "slurm" else _local_rows(name)
-    if job_ids is not None:
-        wanted = {str(i) for i in job_ids}
+    """My active jobs (optionally only those with this job name, or these ids) as a DataFrame. When the Slurm
+    controller does not answer, the jobs that may still be active show as NO_ANSWER rows, the reason saying so."""
+    wanted = None if job_ids is None else {str(i) for i in job_ids}
+    rows = _slurm_rows(name, wanted) if current_profile().backend == "slurm" else _local_rows(name)
+    if wanted is not None:
         rows = [row for row in rows if row["job_id"] in wanted]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _slurm_rows(name: str | None) -> list[dict]:
+def _slurm_rows(name: str | None, wanted: set | None = None) -> list[dict]:
     # -r: one line per array element, so a pending element shows as 12_1 (with its reason), not as 12_[1]
     command = ["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%j|%T|%M|%l|%D|%R|%r"]
     if name:
         command += ["-n", name]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    cards = {card.job_id: card for card in jobs.of_this_cluster(jobs.all_cards(name))}
+    silence = jobs.controller_silence()
+    if silence:
+        return _no_answer_rows(cards, wanted, silence)
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as error:
+        return _no_answer_rows(cards, wanted, f"squeue: {jobs.said(error)}")
     if out.returncode:
-        raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
+        return _no_answer_rows(cards, wanted, f"squeue: {jobs.said(out)}")
     rows = []
-    cards = {card.job_id: card for card in jobs.all_cards(name)}
     for line in out.stdout.splitlines():
         job_id, job_name, state, elapsed, limit, nodes, node_list, reason = line.split("|", 7)
         pending = state == "PENDING"
@@ -47,6 +54,47 @@ def _slurm_rows(name: str | None) -> list[dict]:
                          reason=reason if pending and reason != "None" else "",
                          last_log_line=jobs.script_line(card) if card else ""))
     return rows
+
+
+RECENT_S = 24 * 3600  # with neither squeue nor sacct answering, a job submitted this recently may still be queued
+
+
+def _no_answer_rows(cards: dict, wanted: set | None, why: str) -> list[dict]:
+    """The controller is silent: a NO_ANSWER row for each job of these cards that may still be active (sacct,
+    which slurmdbd answers, says so or does not know; asked about, or submitted lately), never an error: a watch
+    goes on, and shows the jobs again once the controller is back."""
+    chosen = [card for job_id, card in cards.items() if wanted is None or job_id in wanted]
+    last = _sacct_states([card.job_id for card in chosen])
+    rows = []
+    for card in chosen:
+        said = last.get(card.job_id)
+        if said is not None and said not in jobs.ACTIVE:
+            continue  # it ended, as accounting knows
+        if said is None and wanted is None and time.time() - card.submitted_at > RECENT_S:
+            continue
+        rows.append(dict(job_id=card.job_id, name=card.name, state=jobs.NO_ANSWER, elapsed="",
+                         time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="",
+                         reason=f"no answer from the Slurm controller ({why})"
+                                + (f"; sacct last said {said}" if said else ""),
+                         last_log_line=jobs.script_line(card)))
+    return rows
+
+
+def _sacct_states(job_ids: list[str]) -> dict[str, str]:
+    """{job id: its state in accounting} for those sacct knows; {} when it does not answer either."""
+    if not job_ids or jobs.slurm_config_problem():
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                             capture_output=True, text=True, timeout=20)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return {}
+    states = {}
+    for line in out.stdout.splitlines():
+        job_id, _, state = line.partition("|")
+        if state.split():
+            states[job_id] = state.split()[0]
+    return states
 
 
 def _local_rows(name: str | None) -> list[dict]:
@@ -161,6 +209,7 @@ STYLE = """<style>
 .dlokit-queue td:last-child { white-space: normal; max-width: 60ch; overflow-wrap: anywhere; }
 .dlokit-state-RUNNING { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
+.dlokit-state-NO_ANSWER { color: #cf222e; font-weight: bold; }
 </style>"""
 
 
