@@ -12,7 +12,7 @@ from pathlib import Path
 from dlokit.analysis.profiler import profiler_steps, read_trace, span_names, trace_files
 from dlokit.analysis.table import as_number
 
-from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed, same_computation
 from .records import (arms_by, compare_text, device_type, effect_part, hardware_words, load_completed,
                       memory_key, observed, on_gpu)
 
@@ -110,9 +110,10 @@ def amp(baseline_ids, amp_ids):
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, f"the forward pass and the loss ran under autocast ({', '.join(dtypes)})"
         + (", float16 with a GradScaler" if "float16" in dtypes else ""))
-    effect = effect_part("speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(on_gpu(r) for r in runs),
-                         what="{label} against fp32", gpu_failure="the dtype is right but the step did not get faster "
-                         "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
+    effect = same_computation("speed", "amp", bases, arms_by(runs, "amp")) or effect_part(
+        "speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(on_gpu(r) for r in runs),
+        what="{label} against fp32", gpu_failure="the dtype is right but the step did not get faster "
+        "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
     return from_parts([code, effect], "16-bit compute observed" + (
         "" if effect is None or effect.status != PASSED else ", and the step got faster"), details)
 
@@ -178,8 +179,9 @@ def channels_last(job_ids, baseline_id=None):
                             "images.contiguous(memory_format=torch.channels_last) (TODO TP1.3)")
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "weights and images were in channels_last (NHWC) layout")
-    effect = effect_part("speed", "channels_last", bases, {"channels_last": runs}, on_gpu_run=any(on_gpu(r) for r in runs),
-                         what="channels_last against NCHW")
+    effect = same_computation("speed", "channels_last", bases, {"channels_last": runs}) or effect_part(
+        "speed", "channels_last", bases, {"channels_last": runs}, on_gpu_run=any(on_gpu(r) for r in runs),
+        what="channels_last against NCHW")
     return from_parts([code, effect], "weights and images were in channels_last (NHWC) layout", details)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from .framework import FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .framework import (FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed,
+                        same_computation)
 from .records import (compare_text, effect_part, hardware_words, ids, load, load_completed, observed, on_gpu,
                       why_not_finished)
 
@@ -54,10 +55,10 @@ def dataloader(baseline_ids, tuned_ids):
         pinning = part("pinned memory", NOT_APPLICABLE,
                        "page-locked batches speed up copies to a GPU, and there is none: PyTorch leaves pin_memory "
                        f"off without an accelerator (observed: loader pin_memory {seen.get('loader_pin_memory')})")
-    speed = effect_part("speed", "dataloader", bases, {"tuned": runs}, on_gpu_run=gpu,
-                        what="the tuned loader against every option off", gpu_failure=(
-                            f"the options are in effect but the loop did not wait less for its batches than in run "
-                            f"{base.run_id}; try more workers or a larger prefetch factor"))
+    speed = same_computation("speed", "dataloader", bases, {"tuned": runs}) or effect_part(
+        "speed", "dataloader", bases, {"tuned": runs}, on_gpu_run=gpu, what="the tuned loader against every option off",
+        gpu_failure=(f"the options are in effect but the loop did not wait less for its batches than in run "
+                     f"{base.run_id}; try more workers or a larger prefetch factor"))
     return from_parts([code, pinning, speed], "the loader options are in effect" + (
         " and the wait for each batch dropped" if speed is not None and speed.status == PASSED else ""), details)
 

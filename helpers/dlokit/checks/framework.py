@@ -146,6 +146,16 @@ def part(name: str, status: str, message: str) -> Part:
     return Part(name, status, message)
 
 
+def same_computation(name: str, effect: str, base_runs, arms: dict) -> Part | None:
+    """An ℹ️ part in place of a measured effect when an arm's records show it computed what the baseline computed
+    (dlokit.lessons.untreated: the TODO named): its speed is no effect to judge, and never a ✅. None when every
+    arm's treatment happened."""
+    from dlokit import lessons
+
+    same = [f"{label}: {why}" for label, runs in arms.items() if base_runs and (why := lessons.untreated(effect, base_runs, runs))]
+    return part(name, INFO, f"same computation, no effect to judge ({'; '.join(same)})") if same else None
+
+
 def from_parts(parts, message: str, details=(), **info) -> CheckResult:
     """Combine parts: failed if one failed (its message first), else passed if one passed (with
     `message`), else not applicable (the first part's reason)."""
