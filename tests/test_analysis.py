@@ -664,3 +664,32 @@ def test_arms_whose_records_show_one_computation_get_no_ratio_no_verdict_and_kee
     # a record without the fact proves nothing
     write_run(tmp_path, "old", t_step=0.04, amp="bf16", observed={"device": "cpu"})
     assert lessons.untreated("amp", runs[:1], [analysis.load_run("old", tmp_path)]) == ""
+
+
+def write_compile_run(runs_dir, run_id, *, compiled: bool, t_compile: float, compiled_step: float):
+    """A compile_bench.py record of the function part: eager, and compile-default (compiled or, compile_with
+    untouched, run eagerly with a compile time of 0 s)."""
+    rng = np.random.default_rng(5)
+    with RunRecorder({"parts": "function"}, run_id=run_id, runs_dir=runs_dir, script="compile_bench.py") as recorder:
+        for variant, step, done, seconds in (("eager", 0.010, False, None),
+                                             ("compile-default", compiled_step, compiled, t_compile)):
+            times = list(step * (1 + 0.02 * rng.standard_normal(12)))
+            recorder.log("compile_result", part="function", variant=variant, status="ok", reference="eager",
+                         t_compile=seconds, t_step=float(np.median(times)), step_times=times, warmup_steps=1,
+                         compiled=done, graphs=1 if done else 0, agrees=True, max_abs_diff=0.0)
+        recorder.finish(steps=12)
+
+
+def test_an_uncompiled_compile_variant_is_eager_against_eager(tmp_path):
+    """TP3.3 with compile_with untouched (2026-11-28): "compile-default against eager ... ×1.66 ... agrees", eager
+    against eager. Its record says it did not compile: same computation, the TODO named; a compiled one agrees."""
+    from dlokit import lessons
+    from dlokit.analysis.compile_storage import compile_verdicts
+
+    write_compile_run(tmp_path, "eager-twice", compiled=False, t_compile=0.0, compiled_step=0.006)
+    [verdict] = compile_verdicts("eager-twice", on_gpu=False, runs_dir=tmp_path)
+    assert verdict.outcome == lessons.SAME_COMPUTATION and "TODO TP3.3" in verdict.text
+    assert "compiled False, compile time 0.0 s" in verdict.text and "agrees" not in verdict.text
+    write_compile_run(tmp_path, "compiled", compiled=True, t_compile=2.5, compiled_step=0.004)
+    [verdict] = compile_verdicts("compiled", on_gpu=False, runs_dir=tmp_path)
+    assert verdict.outcome == lessons.AGREES and verdict.estimate.value == pytest.approx(2.5, rel=0.05)
