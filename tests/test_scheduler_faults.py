@@ -192,7 +192,7 @@ def test_two_clusters_in_one_log_folder_never_mix_job_ids(slurm_cluster, second_
     assert [Path(p).parent.name for p in dlokit.search_log(contains=first)] == ["twin-a"]
     assert dlokit.job_outcome(first).state == "COMPLETED"
     # a card of the other cluster never reads as this one's job
-    other = jobs.load_card(next((workspace / "jobs").glob(f"*/{second}@*_job.json")))
+    [other] = [jobs.load_card(p) for p in dlokit.current_profile().logs.glob(f"twin-b/{second}@*_job.json")]
     assert jobs.card_outcome(other).state == "UNKNOWN" and "a job of Slurm cluster" in jobs.card_outcome(other).cause
 
 
