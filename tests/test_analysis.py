@@ -693,3 +693,23 @@ def test_an_uncompiled_compile_variant_is_eager_against_eager(tmp_path):
     write_compile_run(tmp_path, "compiled", compiled=True, t_compile=2.5, compiled_step=0.004)
     [verdict] = compile_verdicts("compiled", on_gpu=False, runs_dir=tmp_path)
     assert verdict.outcome == lessons.AGREES and verdict.estimate.value == pytest.approx(2.5, rel=0.05)
+
+
+def test_a_comparison_shows_each_number_to_what_its_interval_supports(tmp_path):
+    """TP1.2, 2026-11-28: 127.5 and 162.2 in compare_runs beside six decimals in runs_table. Each value and ratio of a
+    comparison is shown to two significant digits of its interval's half-width, no more."""
+    from dlokit.analysis import stats
+
+    write_scan_run(tmp_path, "a", 32, 120.0, spread=0.1, seed=1)
+    write_scan_run(tmp_path, "b", 32, 157.0, spread=0.1, seed=2)
+    comparison = analysis.compare_runs({"a": ["a"], "b": ["b"]}, "throughput_compute", runs_dir=tmp_path)
+    shown, table = comparison.shown().set_index("arm"), comparison.table.set_index("arm")
+    ratio = comparison.ratio("b")
+    assert stats.decimals(ratio.low, ratio.high) == 2  # a ratio of one run each: about ±30 %
+    assert shown.loc["b", ["ratio", "ratio_low", "ratio_high"]].tolist() == [f"{v:.2f}" for v in
+                                                                             (ratio.value, ratio.low, ratio.high)]
+    value, low, high = table.loc["a", ["throughput_compute", "low", "high"]]
+    places = stats.decimals(low, high)
+    assert places <= 2 and shown.loc["a", "throughput_compute"] == f"{value:.{places}f}"
+    assert shown.loc["a", "throughput_compute"] in comparison._repr_mimebundle_()["text/plain"]
+    assert stats.decimals(1.0, 1.0) is None and stats.decimals(100, 140) == 0 and stats.decimals(1.12, 1.47) == 2

@@ -39,11 +39,28 @@ class Comparison(NamedTuple):
     def ratio(self, label) -> stats.Estimate:
         return self.table.attrs.get("ratios", {}).get(str(label), stats.NO_ESTIMATE)
 
+    def shown(self) -> pd.DataFrame:
+        """The table as displayed: each value and its interval to the decimals the interval supports
+        (stats.decimals), four significant digits where there is none."""
+        out = self.table.copy()
+        for value, low, high in ((out.columns[3], "low", "high"), ("ratio", "ratio_low", "ratio_high")):
+            places = [stats.decimals(a, b) for a, b in zip(out[low], out[high])]
+            for column in (value, low, high):
+                out[column] = [_number(v, d) for v, d in zip(self.table[column], places)]
+        return out
+
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = figure_png_base64(self.figure)  # also as image/png, so that saved notebooks keep the chart
-        table = self.table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+        shown = self.shown()
+        table = shown.to_html(index=False, float_format=lambda v: f"{v:.4g}")
         return {"text/html": table + f'<img src="data:image/png;base64,{png}"/>', "image/png": png,
-                "text/plain": self.table.to_string(index=False)}
+                "text/plain": shown.to_string(index=False)}
+
+
+def _number(value, places: int | None) -> str:
+    if pd.isna(value):
+        return ""
+    return f"{value:.{places}f}" if places is not None else f"{value:.4g}"
 
 
 def arms_of(runs) -> dict[str, list]:

@@ -92,6 +92,8 @@ def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.
     changes when the top two are close, so the choice moved with the noise: Day 1 on a 2-core CPU chose 64, 64,
     16, 64 in four course runs of 2026-11-27, then 32 (by a median 6 % above 64's, intervals overlapping). Here a
     smaller batch must show that it is as fast; noise alone keeps the largest batch (64 in all five, recomputed).
+    With one run per batch the ratio carries the spread between two runs of one command (stats.RUN_SPREAD, ±30 %):
+    no smaller batch can show it, and the scan keeps its largest batch every time.
     The default reads the device's work (forward, backward, optimizer step), not the loader's: on an H100 a
     loader without workers fed Day 1's JPEGs at ~500 img/s while the GPU computed 1,760 (batch 32) to 2,300
     (batch 256), so a scan of the whole step measured the loader (docs/benchmarks.md, 2026-11-26)."""

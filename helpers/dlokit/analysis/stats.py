@@ -242,6 +242,14 @@ def widened(ratio: Estimate) -> Estimate:
                     ratio.steps, WIDENED, ratio.confidence)
 
 
+def decimals(low: float, high: float) -> int | None:
+    """The decimals an interval supports: two significant digits of its half-width (None: no interval)."""
+    half = (high - low) / 2
+    if not (math.isfinite(half) and half > 0):
+        return None
+    return max(0, 1 - math.floor(math.log10(half)))
+
+
 def mean_of(mean: float, sd: float, n: int, confidence: float = CONFIDENCE) -> Estimate:
     """A mean over n samples (a run's validation loss over its images) from its standard deviation: the t-interval."""
     if not n or n < 2 or not all(math.isfinite(v) for v in (mean, sd)):
