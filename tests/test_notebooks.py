@@ -62,6 +62,17 @@ print("DLOKIT_PROBE " + json.dumps({
     "breakdowns": len(breakdowns),
     "chosen_batch": day.recall("batch_size"),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
+    # what each comparison of TP1.1-1.3 showed: the arms with no ratio (same computation), the verdicts, the notes
+    "same": {"gpu_vs_cpu": analysis.compare_runs({"CPU baseline": cpu_job, "first job": first_job},
+                                                 lesson="gpu_vs_cpu").table.attrs["same"],
+             "amp": analysis.compare_runs(precision_jobs, "throughput_compute", baseline="fp32",
+                                          lesson="amp").table.attrs["same"],
+             "channels_last": analysis.compare_runs(cl_jobs, "throughput_compute", baseline="NCHW",
+                                                    lesson="channels_last").table.attrs["same"]},
+    "verdicts": {name: v.as_json() for name, v in [
+        ("gpu_vs_cpu", lessons.verdict("gpu_vs_cpu", cpu_job, first_job, ON_GPU, "first job")),
+        *precision_verdicts.items(), ("channels_last", cl_verdict)]},
+    "notes": {key: day.recall(key) for key in ("amp", "tf32", "channels_last")},
 }))
 """
 DAY2_PROBE = """
@@ -174,12 +185,20 @@ def isolated(tmp_path, monkeypatch):
 
 def check_day1(results, probe, profile):
     assert_none_failed(results, DAY1_CHECKS)
+    # the reference's precision and layout happened: each arm has its ratio (its verdict: not applicable on a CPU)
+    assert probe["same"]["amp"] == {} and probe["same"]["channels_last"] == {}
+    assert all(v["outcome"] != "same computation" for name, v in probe["verdicts"].items() if name != "gpu_vs_cpu")
     assert probe["chosen_batch"] in DAY1_TINY["BATCH_SWEEP"]  # the AMP scan's batch, saved for Day 2
     assert probe["overlapped"] == [], "every measurement must have had its devices to itself"
     assert probe["profile"] == profile
     assert probe["sweep_states"] == ["completed", "completed"]
     assert probe["memory_points"] == 2
     assert probe["breakdowns"] == 2
+
+
+DAY2_LOADER_PROBE = ('"same": analysis.compare_runs({"all off": trial_jobs[:1], "tuned": trial_jobs[-1:]}, '
+                     'lesson="dataloader").table.attrs["same"], "verdict": loader_verdict.as_json(), '
+                     '"kept_loader": kept_loader, "loader": day.recall("loader")')
 
 
 def check_day2(results, probe, profile, processes):
@@ -228,14 +247,38 @@ def test_day1_student_scripts_on_local_slurm_run_to_the_end_and_fail_their_check
         assert not found[name]["passed"], found[name]
         assert words in found[name]["message"]
     assert probe["breakdowns"] == 0  # no trace: the pie cell says so instead of failing
+    # 2026-11-28: the untouched bf16 run computed in float32 (its check said so), yet the bars read ×1.27 [1.12–1.47]
+    # and channels_last ×0.87 [0.83–0.95]. Now the records decide: no ratio, no verdict, no ✅, nothing kept
+    assert set(probe["same"]["amp"]) == set(probe["verdicts"]) - {"gpu_vs_cpu", "channels_last", "tf32"}
+    assert list(probe["same"]["channels_last"]) == ["channels_last"]
+    for name, verdict in probe["verdicts"].items():
+        if name in ("gpu_vs_cpu", "tf32"):  # the device moved or not (TP1.1), TF32 is no TODO
+            continue
+        todo = "TODO TP1.3" if name == "channels_last" else "TODO TP1.2"
+        assert verdict["outcome"] == "same computation" and todo in verdict["same"], verdict
+    for name in ("TP1.2 mixed precision", "TP1.3 channels_last"):
+        speed = next(p for p in found[name]["parts"] if p["name"] == "speed")
+        assert speed["status"] == "info" and speed["message"].startswith("same computation"), speed
+    assert probe["notes"] == {"amp": "none", "tf32": False, "channels_last": False}  # no choice the student never made
+    # TP1.1: on a GPU the untouched script computes on the CPU, as the baseline did; on a CPU both did, nothing asked
+    assert list(probe["same"]["gpu_vs_cpu"]) == ["first job"]
+    assert probe["verdicts"]["gpu_vs_cpu"]["outcome"] == "same computation"
+    assert ("TODO TP1.1" in probe["verdicts"]["gpu_vs_cpu"]["same"]) is torch.cuda.is_available()
 
 
 @pytest.mark.slow
 def test_day2_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
-    results, _, executed = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": str(student), "GPU_COUNTS": [1, 2]}, "")
+    results, probe, executed = execute(DAY2, isolated, {**DAY2_TINY, "SCRIPTS": str(student), "GPU_COUNTS": [1, 2]},
+                                       STUDENT_PROBE.format(extra=DAY2_LOADER_PROBE))
     found = by_check(results)
+    # 2026-11-28: every run used 0 workers, yet "✅ speed: ... ×0.70 [0.67–0.73] ... agrees" and "DataLoader kept for the
+    # rest of the course: tuned". The records say both loaders were one: no ratio, no ✅, nothing kept
+    speed = next(p for p in found["TP2.1 DataLoader tuned"]["parts"] if p["name"] == "speed")
+    assert speed["status"] == "info" and speed["message"].startswith("same computation") and "TODO TP2.1" in speed["message"]
+    assert list(probe["same"]) == ["tuned"] and probe["verdict"]["outcome"] == "same computation"
+    assert "TODO TP2.1" in probe["verdict"]["same"] and probe["kept_loader"] == "all off" and probe["loader"] == []
     for name in ("TP2.1 DataLoader tuned", "TP2.2 data parallelism", "TP2.4 augmentation on the device"):
         assert found[name]["status"] == "failed", found[name]
     assert "TODO TP2.3" in found["TP2.3 what SyncBatchNorm computes"]["message"]
@@ -275,7 +318,9 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student_copy(REPO / "tp_scripts", student)
     results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"read_formats": sorted(analysis.read_table(read_job[0])'
-                                                           '["format"].unique())'))
+                                                           '["format"].unique()), "compile_verdicts": [v.as_json() for v '
+                                                           'in analysis.compile_storage.compile_verdicts(compile_job[0], '
+                                                           'ON_GPU) if v.effect == "compile"]'))
     found = by_check(results)
     for name, todo in (("TP3.1 optimisers and schedules", "TODO TP3.1"), ("TP3.2 LR range test", "TODO TP3.2"),
                        ("TP3.3 compilation", "TODO TP3.3"), ("TP3.5 hyper-parameter search", "TODO TP3.5"),
@@ -283,6 +328,9 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP3.4 storage formats"]["status"] == "passed"  # no TODO there: a measurement TP
     assert probe["profile"] == "local" and probe["read_formats"] == ["folder", "raw", "webdataset"]
+    # 2026-11-28: "compile-default against eager ... ×1.66 ... agrees" with compile_with untouched: eager against eager
+    assert probe["compile_verdicts"] and all(v["outcome"] == "same computation" and "TODO TP3.3" in v["same"]
+                                             for v in probe["compile_verdicts"]), probe["compile_verdicts"]
 
 
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",

@@ -127,7 +127,7 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
                 stats.ratio_of_samples(base_samples, _samples(loaded[arm], metric, table))
         estimates[arm] = estimate
         row.update(ratio=estimate.value, ratio_low=estimate.low, ratio_high=estimate.high,
-                   basis=f"same computation: {same[arm]}" if same.get(arm) else
+                   basis="baseline" if arm == base else f"same computation: {same[arm]}" if same.get(arm) else
                    estimate.basis_text if estimate.runs else "")
     out = pd.DataFrame(rows, columns=["arm", "runs", "state", metric, "low", "high", "ratio", "ratio_low",
                                       "ratio_high", "basis", "overlapped_by", "foreign_cpu"])
