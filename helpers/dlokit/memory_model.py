@@ -20,7 +20,9 @@ ZeRO stage over dp ranks: 1 shards the optimizer states, 2 also the gradients, 3
 weights. Stage 3 adds what is gathered: the root's weights (embedding, final norm, output: this kit
 never reshards them) plus two blocks (the one computing and the one prefetched), or every block
 when the weights are not resharded after forward; and one block of unsharded gradients (the
-reduce-scatter's input). ZeRO-1/2 with dp ranks: batch_size is the local batch of each rank. HSDP:
+reduce-scatter's input). DeepSpeed's ZeRO (train_deepspeed.py) keeps an fp32 master copy of the weights in its
+optimizer states at every precision (`master`: 4 bytes a weight more, sharded from stage 1 on) and reduces gradients
+through a bucket (`bucket` elements, with the gradients). ZeRO-1/2 with dp ranks: batch_size is the local batch of each rank. HSDP:
 pass dp = the shard degree (the replicas hold the same).
 Tensor parallel (tp): the block linears are split, norms/embedding/output replicated (as in this kit).
 Pipeline parallel (pp): the rank holding the most parameters (first stage with the embedding, or
@@ -159,9 +161,12 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
              cp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adamw",
              activation_checkpointing: bool = False, reshard_after_forward: bool = True,
              sequence_parallel: bool = False, microbatches: int = 1, pp_schedule: str = "1f1b",
-             cuda: bool = False) -> MemoryBreakdown:
+             cuda: bool = False, master: bool = False, bucket: int = 0) -> MemoryBreakdown:
     """Bytes on the busiest rank. batch_size: sequences per data-parallel rank (the local batch);
-    dp: the ranks ZeRO shards over; cuda: count AdamW's foreach temporaries (PyTorch's default on CUDA)."""
+    dp: the ranks ZeRO shards over; cuda: count AdamW's foreach temporaries (PyTorch's default on CUDA);
+    master: an fp32 master copy of the weights in the optimizer states whatever the precision (DeepSpeed's ZeRO
+    keeps one, sharded as the states are); bucket: elements of ZeRO's gradient reduce bucket (DeepSpeed's
+    reduce_bucket_size), counted with the gradients (its gradients' peak in backward)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}")
     if optimizer not in OPTIMIZER_STATE_BYTES:
@@ -171,11 +176,11 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     if min(dp, tp, pp, cp, batch_size, seq_len) < 1:
         raise ValueError("dp, tp, pp, cp, batch_size and seq_len must be at least 1")
     config = _config(config)
-    w_bytes, g_bytes, master, a_bytes = PRECISIONS[precision]
-    o_bytes = master + OPTIMIZER_STATE_BYTES[optimizer]
+    w_bytes, g_bytes, master_bytes, a_bytes = PRECISIONS[precision]
+    o_bytes = max(master_bytes, 4 if master else 0) + OPTIMIZER_STATE_BYTES[optimizer]
     params = params_on_rank(config, tp, pp)
     weights = params * w_bytes / (dp if zero >= 3 else 1)
-    gradients = params * g_bytes / (dp if zero >= 2 else 1)
+    gradients = params * g_bytes / (dp if zero >= 2 else 1) + bucket * g_bytes
     optimizer_bytes = params * o_bytes / (dp if zero >= 1 else 1)
     foreach = OPTIMIZER_STATE_BYTES[optimizer] > 0 and cuda  # foreach AdamW: sqrt(v) as a whole new fp32 list
     step_temporaries = params * 4 / (dp if zero >= 1 else 1) if foreach else 0.0
@@ -214,6 +219,15 @@ def fits(breakdown: MemoryBreakdown, device_gib: float, headroom: float = 0.9) -
 ZERO_OF_DATA_PARALLEL = {None: 0, "ddp": 0, "zero1": 1, "fsdp": 3, "hsdp": 3}
 
 
+def _deepspeed(config: dict) -> dict:
+    """A train_deepspeed.py run's ZeRO options: its stage, and from stage 1 on the fp32 master copy and the reduce
+    bucket its JSON config (`ds_config`) asked for."""
+    stage = int(config.get("zero_stage") or 0)
+    zero_options = (config.get("ds_config") or {}).get("zero_optimization") or {}
+    return {"zero": stage, "master": stage >= 1,
+            "bucket": int(zero_options.get("reduce_bucket_size") or 0) if stage >= 1 else 0}
+
+
 def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
     """The estimate for a train_llm.py run, from its record's config (run.json): the model's shape,
     the global batch split over the data-parallel ranks, the degrees, the dtype and the options
@@ -228,8 +242,10 @@ def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
     pp = int(config.get("pp") or 1)
     virtual = int(config.get("pp_virtual") or 1) if config.get("pp_schedule") == "interleaved" else 1
     microbatches = 1 if config.get("pp_schedule") == "naive" else int(config.get("microbatches") or 1)
+    zero = (_deepspeed(config) if data_parallel == "deepspeed"
+            else {"zero": ZERO_OF_DATA_PARALLEL.get(data_parallel, 0)})
     return estimate(shape, batch_size=int(config["batch_size"]) // dp, seq_len=int(config["seq_len"]), dp=shard,
-                    zero=ZERO_OF_DATA_PARALLEL.get(data_parallel, 0), tp=int(config.get("tp") or 1), pp=pp,
+                    **zero, tp=int(config.get("tp") or 1), pp=pp,
                     cp=cp, precision="fp32" if config.get("dtype", "fp32") == "fp32" else "bf16-amp",
                     optimizer="adamw", activation_checkpointing=bool(config.get("activation_checkpointing")),
                     reshard_after_forward=not config.get("no_reshard_after_forward"),

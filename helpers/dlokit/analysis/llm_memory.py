@@ -5,8 +5,9 @@
     rank_memory_plot(["1234", "1235", ...])    # per run: a measured bar for every rank (pipeline stages differ)
 
 train_llm.py measures each rank's parameters, gradients, optimizer states and peak saved activations
-from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/common/memory_meter.py); the busiest
-rank (largest measured total) stands for the run. The model is estimate_for_run() on the run's config.
+from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/common/memory_meter.py), and so does
+train_deepspeed.py where DeepSpeed's engine keeps them (its gradients at their peak in backward, its optimizer states
+with the fp32 master copy); the busiest rank (largest measured total) stands for the run. The model is estimate_for_run() on the run's config.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def mode_label(run) -> str:
     whole weights, the gradients and the optimizer states as shards (torchtitan's docs call it ZeRO-2)."""
     config = run.config
     label = str(config.get("mode", "?"))
+    if config.get("mode") == "deepspeed":
+        label = f"DeepSpeed ZeRO-{config.get('zero_stage')}" + (" offload" if config.get("offload_optimizer") else "")
     if config.get("mode") == "hsdp":
         label += f" {config.get('dp_replicate')}x{config.get('dp_shard')}"
     if config.get("no_reshard_after_forward") and config.get("data_parallel") in ("fsdp", "hsdp"):
@@ -64,8 +67,10 @@ def _modelled(run) -> dict | None:
         b = estimate_for_run(run.config)
     except (KeyError, TypeError, ValueError):
         return None
+    # DeepSpeedMemory does not look inside the blocks: ZeRO-3's gathered weights are not measured, nor modelled here
+    gathered = 0.0 if run.config.get("data_parallel") == "deepspeed" else b.gathered
     return {"params": b.weights, "grads": b.gradients, "optimizer": b.optimizer, "activations": b.activations,
-            "gathered": b.gathered}
+            "gathered": gathered}
 
 
 def _states(values: dict) -> float:

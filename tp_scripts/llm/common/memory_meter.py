@@ -19,6 +19,17 @@
   block's forward and backward: the root's and one or two blocks' when resharding after forward,
   every block's when not.
 - device_peak (GPU only): torch.cuda.max_memory_allocated over the step, everything included.
+
+Under DeepSpeed (train_deepspeed.py) the same counts come from where its engine keeps them (DeepSpeedMemory):
+- params: the weights' storages (ZeRO-1/2: whole, in one flat buffer), and under ZeRO-3 each weight's partition
+  (`param.ds_tensor`; the weight itself is an empty tensor between its uses).
+- grads: the peak, during backward, of the gradients alive (`param.grad`) and of the ZeRO optimizer's gradient
+  buffers: the attributes DeepSpeed names *grad* or *ipg* (its reduce buckets, `averaged_gradients`, ZeRO-3's
+  partitions). ZeRO-1 reduces every gradient at the end of backward, ZeRO-2 bucket by bucket as they come: their
+  peaks differ, what both keep for the step (this rank's partition) does not.
+- optimizer: AdamW's m and v (the inner torch optimizer's state) and DeepSpeed's fp32 master copy of this rank's
+  partition (attributes named *fp32*), which ZeRO keeps even when the model trains in fp32; optimizer_offloaded:
+  those of them on the host while the model is on a GPU (`offload_optimizer: cpu`).
 """
 from __future__ import annotations
 
@@ -199,3 +210,75 @@ def _each_forward(block, note):
     finally:
         for handle in handles:
             handle.remove()
+
+
+# ---- DeepSpeed: the same counts, where its engine keeps them -------------------------------------
+
+GRADIENT_NAMES = ("grad", "ipg")
+MASTER_NAMES = ("fp32",)
+
+
+def _tensors(value, depth=0):
+    """The tensors in an attribute's value: in lists, tuples, dicts and simple objects (a bucket), three deep."""
+    if torch.is_tensor(value):
+        yield value
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+        for item in vars(value).values():
+            yield from _tensors(item, depth + 1)
+
+
+def named_buffers(optimizer, names) -> list[torch.Tensor]:
+    """Tensors held by the attributes of DeepSpeed's ZeRO optimizer whose name contains one of `names`."""
+    return [t for attribute, value in vars(optimizer).items() if any(n in attribute.lower() for n in names)
+            for t in _tensors(value)]
+
+
+class DeepSpeedMemory:
+    def __init__(self, engine, device):
+        self.engine, self.device = engine, device
+        self.params = list(engine.module.parameters())
+        self.zero = engine.optimizer if hasattr(engine.optimizer, "optimizer") else None  # ZeRO's wrapper, or None
+        self.inner = getattr(engine.optimizer, "optimizer", engine.optimizer)  # the torch AdamW
+        self.result: dict = {}
+        self.grads_peak = 0
+        self._counter = SavedTensorCounter(set())
+        self._hooks = [p.register_post_accumulate_grad_hook(self._note_gradients) for p in self.params
+                       if p.requires_grad]
+
+    def _gradients_now(self) -> list[torch.Tensor]:
+        buffers = named_buffers(self.zero, GRADIENT_NAMES) if self.zero is not None else []
+        return [*(p.grad for p in self.params), *buffers]
+
+    def _note_gradients(self, _param):
+        self.grads_peak = max(self.grads_peak, bytes_once(self._gradients_now()))
+
+    @contextmanager
+    def forward(self):
+        skip = {_storage_key_and_bytes(p)[0] for p in self.params if p.numel()}
+        self._counter = SavedTensorCounter(skip)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with self._counter.hooks():
+            yield
+
+    def after_step(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        weights = [*self.params, *(getattr(p, "ds_tensor", None) for p in self.params)]
+        states = [value for state in self.inner.state.values() for value in state.values() if torch.is_tensor(value)]
+        if self.zero is not None:
+            states += named_buffers(self.zero, MASTER_NAMES)
+        self.result.update(
+            params=bytes_once(weights), grads=self.grads_peak, optimizer=bytes_once(states),
+            optimizer_offloaded=bytes_once(t for t in states if t.device.type != self.device.type),
+            activations_peak=self._counter.peak, gathered_params_peak=None,
+            device_peak=torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None)
+
+    def bytes(self) -> dict:
+        return dict(self.result)
