@@ -140,11 +140,12 @@ def test_a_stopped_controller_is_no_answer_and_a_watch_lives_through_it(slurm_cl
     try:
         for job_id in (running, waiting):
             outcome = dlokit.job_outcome(job_id)  # never an exception, never sacct's stale word
-            assert outcome.state == jobs.NO_ANSWER and "no answer from the Slurm controller" in outcome.cause, \
+            assert outcome.state == jobs.NO_ANSWER and "the Slurm controller did not answer" in outcome.cause, \
                 str(outcome)
         table = dlokit.job_table(job_ids=[running, waiting])
         assert table["state"].tolist() == [jobs.NO_ANSWER] * 2, table
-        with pytest.raises(jobs.SchedulerError, match="no answer from the Slurm controller"):
+        assert table["reason"].str.startswith("no answer: the Slurm controller did not answer").all(), table
+        with pytest.raises(jobs.SchedulerError, match="the Slurm controller did not answer"):
             dlokit.wait([running, waiting], poll_s=0.5, no_answer_s=3)
         time.sleep(max(0.0, ends_at + 2 - time.time()))  # the script has ended, the controller is still away
         outcome = dlokit.job_outcome(running)  # sacct still says the job is active: it is not known now
@@ -197,7 +198,7 @@ def test_two_clusters_in_one_log_folder_never_mix_job_ids(slurm_cluster, second_
 
 
 def test_search_log_matches_a_job_id_whole_never_a_piece_of_another(workspace):
-    folder = workspace / "jobs" / "ids"
+    folder = dlokit.current_profile().logs / "ids"
     folder.mkdir(parents=True)
     for job_id in ("1", "12", "12_3", "21", "1128-104259-e3c1"):
         card = jobs.JobCard(job_id=job_id, name="ids", backend="slurm", profile="local-slurm", folder=str(folder),

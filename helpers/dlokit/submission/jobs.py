@@ -482,7 +482,7 @@ def _sacct(job_id: str) -> dict | None:
 
 
 def no_answer(why: str) -> dict:
-    return {"state": NO_ANSWER, "cause": f"no answer from the Slurm controller ({why}): the job's state is not "
+    return {"state": NO_ANSWER, "cause": f"the Slurm controller did not answer ({why}): the job's state is not "
                                          "known; asking again later"}
 
 

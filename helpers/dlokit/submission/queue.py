@@ -74,7 +74,7 @@ def _no_answer_rows(cards: dict, wanted: set | None, why: str) -> list[dict]:
             continue
         rows.append(dict(job_id=card.job_id, name=card.name, state=jobs.NO_ANSWER, elapsed="",
                          time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="",
-                         reason=f"no answer from the Slurm controller ({why})"
+                         reason=f"no answer: the Slurm controller did not answer ({why})"
                                 + (f"; sacct last said {said}" if said else ""),
                          last_log_line=jobs.script_line(card)))
     return rows
