@@ -3,8 +3,12 @@
 # uv installs the same pinned wheels in parallel (a fresh .venv in ~40 s instead of ~80 s with pip); it does
 # not read pip's configuration, so this machine's extra indexes and wheel folders are handed over. If uv
 # cannot be had or fails, pip does the install. What either prints goes to VENV/pip-install.log.
+# DeepSpeed comes as a source package: DS_BUILD_OPS=0 builds it without compiling its CUDA/C++ ops (it compiles
+# the few a run needs on first use). Its sdist has no pyproject.toml, so its isolated build environment holds
+# setuptools only, not a second torch: no --no-build-isolation needed (checked with 0.19.8: 3 s to build).
 install_packages() {
   local venv=$1; shift
+  local -x DS_BUILD_OPS="${DS_BUILD_OPS:-0}"
   local python="$venv/bin/python" log="$venv/pip-install.log"
   "$python" -m pip install -q --upgrade pip uv >"$log" 2>&1 || true
   if [ -x "$venv/bin/uv" ]; then
