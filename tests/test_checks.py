@@ -193,3 +193,28 @@ def test_results_are_displayed_with_a_machine_readable_copy(in_runs, tmp_path, c
     path.write_text(json.dumps(notebook))
     assert checks.results_in_notebook(path) == [bundle[checks.MIME]]
     assert list(checks.scoreboard()["result"]) == ["✅"]
+
+
+def test_the_scoreboard_shows_whole_messages_and_what_next_after_a_failure(tmp_path, monkeypatch):
+    """pandas cut a message at 50 characters, before its TODO pointer; after a ❌ the board says what to do and
+    which file to compare with its solution."""
+    from dlokit.checks import framework
+    from dlokit.checks.framework import CheckResult
+
+    (tmp_path / "tp_scripts").mkdir()
+    (tmp_path / "tp_scripts" / "train.py").write_text("    # TODO TP1.2\n")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    monkeypatch.setattr(framework, "RESULTS", [])
+
+    message = "your bf16 run computed in float32: the autocast context is missing, TODO TP1.2 in your script"
+    framework.RESULTS.append(CheckResult("TP1.2 mixed precision", False, message))
+    framework.RESULTS.append(CheckResult("job completed", True, "1 run(s) completed"))
+    board = checks.scoreboard()
+    assert list(board["result"]) == ["❌", "✅"]  # still a table to read
+    shown = board._repr_html_()
+    assert message in shown and "TODO TP1.2 in your script" in repr(board)
+    assert 'What next: 1 check(s) ❌ (TP1.2 mixed precision)' in repr(board)
+    assert 'dlokit.material.compare("../tp_scripts/train.py")' in repr(board)
+    framework.RESULTS[0] = CheckResult("TP1.2 mixed precision", True, "bfloat16 logits")
+    assert "What next" not in repr(checks.scoreboard())

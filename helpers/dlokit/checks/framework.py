@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,14 +213,81 @@ def check(name: str):
 
 
 def scoreboard():
-    """A table of every check shown in this session (latest result per check)."""
-    import pandas as pd
-
+    """A table of every check shown in this session (latest result per check): a DataFrame that a notebook shows
+    whole (no message cut) and, after a ❌, with what to do next."""
     latest = {}
     for result in RESULTS:
         latest[result.check] = result
-    return pd.DataFrame([{"check": r.check, "result": r.mark, "status": r.status, "message": r.message}
-                         for r in latest.values()], columns=["check", "result", "status", "message"])
+    return Scoreboard([{"check": r.check, "result": r.mark, "status": r.status, "message": r.message}
+                       for r in latest.values()], columns=["check", "result", "status", "message"])
+
+
+def _scoreboard_class():
+    import pandas as pd
+
+    class Scoreboard(pd.DataFrame):
+        @property
+        def _constructor(self):
+            return Scoreboard
+
+        def _whole(self) -> bool:  # a slice or a re-indexed copy is shown as any DataFrame
+            return {"check", "result", "status", "message"} <= set(self.columns)
+
+        def _repr_html_(self):
+            if not self._whole():
+                return super()._repr_html_()
+            rows = "".join(
+                f"<tr><td style='white-space:nowrap;text-align:left'>{html.escape(str(r.check))}</td>"
+                f"<td>{r.result}</td><td style='text-align:left;white-space:normal'>{html.escape(str(r.message))}</td></tr>"
+                for r in self.itertuples())
+            table = (f"<table class='dlokit-scoreboard'><tr><th>check</th><th></th><th>message</th></tr>{rows}</table>"
+                     if len(self) else "<p>no check shown yet</p>")
+            advice = what_next(self)
+            return table + (f"<p>{html.escape(advice)}</p>" if advice else "")
+
+        def __repr__(self):
+            if not self._whole():
+                return super().__repr__()
+            advice = what_next(self)
+            lines = [f"{r.result} {r.check}: {r.message}" for r in self.itertuples()]
+            return "\n".join(lines + ([advice] if advice else [])) or "no check shown yet"
+
+    return Scoreboard
+
+
+Scoreboard = _scoreboard_class()
+TP_NAME = re.compile(r"TP\d+\.\d+")
+
+
+def what_next(board) -> str:
+    """After a ❌: which TPs failed, and how to see what is left in their files; '' when none failed."""
+    failed = [str(check) for check, status in zip(board["check"], board["status"]) if status == FAILED]
+    if not failed:
+        return ""
+    tps = sorted({tp for check in failed for tp in TP_NAME.findall(check)})
+    files = student_files(tps)
+    stuck = (" Stuck on a TODO? " + ", ".join(f'dlokit.material.compare("{f}")' for f in files)
+             + " shows your file beside the solution, block by block.") if files else ""
+    return (f"What next: {len(failed)} check(s) ❌ ({', '.join(failed)}). Each message says what to change: fix "
+            "it in your file (the ✏️ link of its TP), run that TP's cells again, then this cell." + stuck)
+
+
+def student_files(tps) -> list[str]:
+    """The student files (as a notebook beside tp_scripts/ names them) that hold a `TODO <tp>` of these TPs."""
+    root = Path("..") / "tp_scripts"
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "solutions" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if any(f"TODO {tp}" in text for tp in tps):
+            found.append(path.as_posix())
+    return found
 
 
 def results_in_notebook(path) -> list[dict]:
