@@ -1,11 +1,11 @@
 """Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model, DDP out of memory
 where FSDP fits and the largest batch of each (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from
-scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6)."""
+scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6), DeepSpeed's ZeRO stages (TP4.8: checks.day4.deepspeed_zero)."""
 from __future__ import annotations
 
 import pandas as pd
 
-from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .framework import FAILED, PASSED, Part, check, failed, from_parts, not_applicable, part, passed
 from .records import ids, load, load_last
 
 SHARDED = 0.75  # a sharded state per rank must be under this share of DDP's (ideal: 1/N, minus unsharded bits)
@@ -333,3 +333,82 @@ def loss_match(job_ids, reference):
     if len(wrong):
         return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance {tolerance})", details)
     return passed(f"{len(table)} parallel runs match the single process within {tolerance}", details)
+
+
+DEEPSPEED_TODO = "TODO TP4.8 in train_deepspeed.py"
+
+
+def _deepspeed_stage(run) -> tuple[int, int]:
+    """(the stage the run was asked for, --zero-stage; the stage its JSON config gave DeepSpeed)."""
+    asked = int(run.config.get("zero_stage") or 0)
+    given = ((run.config.get("ds_config") or {}).get("zero_optimization") or {}).get("stage")
+    return asked, int(given or 0)
+
+
+def _deepspeed_part(run, single_memory) -> tuple[Part, list[str]]:
+    """One stage's run against the single process's tensors: each rank's optimizer states (AdamW's m and v, with
+    DeepSpeed's fp32 master copy) from stage 1, its gradients at their peak from stage 2, its weights at stage 3, each
+    under SHARDED of what one process holds of it."""
+    stage, given = _deepspeed_stage(run)
+    whole = {"params": float(single_memory.get("params") or 0), "grads": float(single_memory.get("grads") or 0),
+             "optimizer": 1.5 * float(single_memory.get("optimizer") or 0)}  # m and v (8 bytes a weight) + the master (4)
+    ranks = [m for r in run.ranks.values() if isinstance(m := (r.get("summary") or {}).get("memory_bytes"), dict)]
+    label = f"ZeRO-{stage}"
+    if not ranks:
+        return part(label, FAILED, f"run {run.run_id} recorded no memory_bytes: was it train_deepspeed.py?"), []
+    shares = {key: max(float(m.get(key) or 0) for m in ranks) / max(1.0, whole[key]) for key in whole}
+    details = [f"{label} (run {run.run_id}, {run.world_size} ranks, DeepSpeed stage {given}): per rank at most "
+               + ", ".join(f"{key} {share:.2f}" for key, share in shares.items())
+               + " of one process's (optimizer: AdamW's m and v with an fp32 copy of the weights)"]
+    if shares["optimizer"] == 0:
+        return part(label, FAILED, f"{label}: no rank holds optimizer states: the engine never stepped — call "
+                                   f"engine.backward(loss) and engine.step() ({DEEPSPEED_TODO})"), details
+    sharded = [key for key, first in (("optimizer", 1), ("grads", 2), ("params", 3)) if stage >= first]
+    whole_still = [key for key in sharded if shares[key] >= SHARDED]
+    if given != stage or whole_still:
+        return part(label, FAILED, f"{label}: each rank keeps {', '.join(whole_still) or 'everything'} whole "
+                                   f"(DeepSpeed was given stage {given}): set the stage in ds_config's "
+                                   f"zero_optimization ({DEEPSPEED_TODO})"), details
+    return part(label, PASSED, f"{label}: each rank holds "
+                + ", ".join(f"{shares[key]:.2f} of the {key}" for key in sharded) + " of one process's"), details
+
+
+@check("TP4.8 DeepSpeed ZeRO")
+def deepspeed_zero(stage_ids, single_id):
+    """Observed: each DeepSpeed run (train_deepspeed.py, ZeRO stage 1, 2 or 3) shards what its stage says, measured
+    from the tensors of every rank against the single process's (ZeRO-1 the optimizer states, ZeRO-2 the gradients
+    too, ZeRO-3 the weights too), and its loss follows the single process's step by step. A run DeepSpeed could not
+    start here (recorded as skipped) makes the check not applicable, with the reason."""
+    from dlokit.analysis import load_run
+    from dlokit.analysis.loss_match import loss_match_table
+    from dlokit.submission.profiles import current_profile
+
+    stage_ids = list(stage_ids.values()) if isinstance(stage_ids, dict) else list(ids(stage_ids))
+    skipped = [run for run in (load_run(i, current_profile().runs) for i in ids(stage_ids)) if run.state == "skipped"]
+    if skipped:
+        reason = (skipped[0].summary or {}).get("reason") or skipped[0].describe_state()
+        return not_applicable(f"DeepSpeed did not start here: {reason}")
+    runs, problem = _completed(list(ids(stage_ids)) + list(ids(single_id)))
+    if problem:
+        return problem
+    single, runs = runs[-1], runs[:-1]
+    single_memory = _memory(single)
+    if not single_memory:
+        return failed(f"the single-process run {single.run_id} recorded no memory_bytes: was it train_llm.py?")
+    parts, details = [], []
+    for run in runs:
+        shard, lines = _deepspeed_part(run, single_memory)
+        parts.append(shard)
+        details += lines
+    table = loss_match_table(runs, single)
+    for row, run in zip(table.itertuples(), runs):
+        gap = "no step in common" if pd.isna(row.max_abs_dloss) else f"max |Δ| {row.max_abs_dloss:.3g}"
+        details.append(f"{row.mode}: loss against the single process, {gap} over {row.steps_compared} steps "
+                       f"(tolerance {table.attrs['tolerance']:g} for {table.attrs['dtype']})")
+        if not row.matched:
+            parts.append(part(f"{row.mode} loss", FAILED, f"{row.mode}: the loss leaves the single process's ({gap}): "
+                              f"the engine's backward averages the ranks' gradients, its step updates the weights "
+                              f"({DEEPSPEED_TODO})"))
+    stages = ", ".join(p.name for p in parts if p.status == PASSED)
+    return from_parts(parts, f"{stages}: each shards what its stage says, and follows the single process's loss",
+                      details)
