@@ -197,6 +197,22 @@ def test_two_clusters_in_one_log_folder_never_mix_job_ids(slurm_cluster, second_
     assert jobs.card_outcome(other).state == "UNKNOWN" and "a job of Slurm cluster" in jobs.card_outcome(other).cause
 
 
+@needs_root
+def test_a_job_killed_by_a_node_failure_names_the_node_and_how_to_resume(slurm_cluster_2n, workspace):
+    dlokit.use_profile("local-slurm-2n", gpus_per_node=1)  # one task per node; no-requeue: it ends NODE_FAIL
+    [job_id] = dlokit.gpu_jobs_submitter(f"{RECORDED} 120", n_gpu=2, name="nodefail", time_max="00:05:00",
+                                         verbose=False)
+    until(lambda: steps_recorded(job_id) >= 3, 120, "three recorded steps")
+    local_slurm("kill_node.sh", slurm_cluster_2n, "node2")
+    try:
+        [outcome] = dlokit.wait(job_id, timeout_s=120)
+    finally:
+        local_slurm("restart.sh", slurm_cluster_2n, "slurmd:node2")
+    assert outcome.state == "NODE_FAIL", str(outcome)
+    assert "node node2 failed while the job ran on it (NODE_FAIL; its nodes: node[1-2])" in outcome.cause, str(outcome)
+    assert "its run record's last step: " in outcome.cause and "--resume" in outcome.cause, str(outcome)
+
+
 def test_search_log_matches_a_job_id_whole_never_a_piece_of_another(workspace):
     folder = dlokit.current_profile().logs / "ids"
     folder.mkdir(parents=True)

@@ -688,14 +688,29 @@ def _last_step(card: JobCard) -> str:
 
 def _node_failure(card: JobCard, row: dict) -> str:
     """A node failed under the job: which one, where the run stopped, and how to go on from there."""
-    nodes = row.get("nodes") or "its node"
+    nodes = row.get("nodes") or ""
+    down = _nodes_down(nodes) if nodes else ""
+    which = (f"node {down} failed while the job ran on it (NODE_FAIL; its nodes: {nodes})" if down else
+             f"a node of the job ({nodes or 'unknown'}) failed while it ran (NODE_FAIL)")
     checkpoint = card.run_dir / "checkpoint.pt"
     resume = (f"submit the same command again with --resume {card.run_dir} (its last checkpoint)"
               if checkpoint.is_file() else
               "it left no checkpoint to resume from: submit it again (with --checkpoint-steps K the script saves "
               "one every K steps, and --resume RUN_FOLDER goes on from it)")
-    return (f"node {nodes} failed while the job ran on it (NODE_FAIL){_last_step(card)}: not the script's fault; "
-            f"{resume}; a race job (dlokit.race) requeues itself and resumes on its own")
+    return (f"{which}{_last_step(card)}: not the script's fault; {resume}; a race job (dlokit.race) requeues "
+            "itself and resumes on its own")
+
+
+def _nodes_down(nodes: str) -> str:
+    """Which of these nodes Slurm holds down or unresponsive now (sinfo), '' when none or it cannot say."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    down = sorted({name for name, _, state in (line.partition("|") for line in out.splitlines())
+                   if state.startswith(("down", "fail", "drain")) or state.endswith("*")})
+    return ",".join(down)
 
 
 def _slurm_row(card: JobCard) -> dict:
