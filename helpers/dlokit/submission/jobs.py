@@ -175,7 +175,7 @@ def record_refused(run_dir: Path) -> str:
             if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
                 return f"{rank.name}/{name}: {_kind(info.st_mode)}, not a regular file: refused"
             if info.st_size > MAX_RECORD_BYTES:
-                return f"{rank.name}/{name}: {info.st_size / 1024 ** 2:.0f} MiB, refused (over {MAX_RECORD_BYTES // 1024 ** 2})"
+                return f"{rank.name}/{name}: {info.st_size // 1024 ** 2} MiB, over {MAX_RECORD_BYTES >> 20} MiB"
     return ""
 
 
@@ -276,6 +276,7 @@ def current_cluster() -> str:
 
 
 def _cluster_name(conf: Path, exists: bool) -> str:
+    """ClusterName from the slurm.conf file, or from the controller when there is no file (configless Slurm)."""
     if exists:
         try:
             for line in read_regular(conf).decode(errors="replace").splitlines():
@@ -674,15 +675,13 @@ def _killing_signal(exit_code: str, usage: list[dict]) -> int:
 
 def _last_step(card: JobCard) -> str:
     """'; its run record's last step: N' from the job's run record (rank 0), '' when there is none to read."""
-    from ..analysis.run import load_run
+    from ..in_job.runrecord import read_rank
 
-    if not card.run_dir.is_dir() or record_refused(card.run_dir):
+    rank0 = card.run_dir / "rank0"
+    if not rank0.is_dir() or record_refused(card.run_dir):
         return ""
-    try:
-        steps = load_run(card.job_id, card.runs_dir).steps
-        numbers = [s for s in steps["step"] if isinstance(s, int) and not isinstance(s, bool)] if "step" in steps else []
-    except Exception:  # a record the reader cannot use says nothing here (the views name what is wrong)
-        return ""
+    steps = [line.get("step") for line in read_rank(rank0)["metrics"] if line.get("kind") == "step"]
+    numbers = [step for step in steps if isinstance(step, int) and not isinstance(step, bool)]
     return f"; its run record's last step: {max(numbers)}" if numbers else "; its run record has no step"
 
 
