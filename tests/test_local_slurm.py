@@ -8,6 +8,7 @@ STATE_DIR with free, non-default ports, so it cannot clash with a developer's ow
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -210,6 +211,10 @@ def test_second_cluster_start_stop(cluster, tmp_path):
         assert other.script("start.sh").returncode == 0
         pids = set(other.pids().values())
         assert len(pids) == len(DAEMONS)
+        # each its own ClusterName: the kit keeps their jobs apart by it (they number them alike)
+        names = {re.search(r"(?m)^ClusterName\s*=\s*(\S+)", c.run("scontrol", "show", "config")).group(1)
+                 for c in (cluster, other)}
+        assert len(names) == 2, names
         other.sbatch(wrap="sleep 300")  # a running job must not survive stop.sh
         t0 = time.monotonic()
         res = other.script("stop.sh")

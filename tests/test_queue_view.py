@@ -12,6 +12,15 @@ def test_log_lines_are_escaped_and_states_coloured():
     assert '<span class="dlokit-state-RUNNING">RUNNING</span>' in page
 
 
+def test_a_job_the_controller_does_not_answer_about_is_a_row_that_says_so():
+    row = dict(job_id="7", name="alice", state="NO_ANSWER", elapsed="", time_limit="00:10:00", nodes=1,
+               node_list="", reason="no answer: the Slurm controller did not answer (scontrol ping: ... is DOWN)",
+               last_log_line="step 3")
+    page = _table_html(pd.DataFrame([row], columns=COLUMNS), "alice")
+    assert '<span class="dlokit-state-NO_ANSWER">NO_ANSWER</span>' in page and ".dlokit-state-NO_ANSWER {" in page
+    assert "no answer: the Slurm controller did not answer" in page
+
+
 def test_empty_queue_says_so():
     assert "none left in the queue" in _table_html(pd.DataFrame(columns=COLUMNS), "alice")
 
