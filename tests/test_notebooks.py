@@ -336,7 +336,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",
                "TP4.2 batch scan, DDP against FSDP2", "TP4.2 FSDP2 + compile",
                "TP4.3 pipeline bubble",
-               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match"}
+               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match", "TP4.8 DeepSpeed ZeRO"}
 DAY4_PROBE = """
 import json
 print("DLOKIT_PROBE " + json.dumps({
@@ -346,6 +346,7 @@ print("DLOKIT_PROBE " + json.dumps({
     "oom_cause": dlokit.job_outcome(oom_jobs[0]).cause,
     "loss_matched": loss_match.loss_match_table(loss_jobs, reference=single_job[0])["matched"].tolist(),
     "compress_variants": len(analysis.compression_table(compress_job[0])),
+    "ds_loss_matched": loss_match.loss_match_table(ds_list, reference=single_job[0])["matched"].tolist(),
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
 }))
 """
@@ -359,6 +360,7 @@ def check_day4(results, probe, profile):
     # DDP fits 64 and runs out at 128, FSDP2 fits 128 and runs out at 256 (the memory model's plan, which held)
     assert probe["scan_outcomes"] == ["fits", "out of memory", "out of memory", "fits", "fits", "out of memory"]
     assert probe["loss_matched"] == [True] * len(DAY4_TINY["LOSS_MODES"]) and probe["compress_variants"] >= 3
+    assert probe["ds_loss_matched"] == [True] * 4  # ZeRO 1, 2, 3 and ZeRO-2 with its optimizer offloaded
 
 
 @pytest.mark.slow
@@ -379,7 +381,7 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     for name, todo in (("TP4.1 memory per rank", "TODO TP4.1"), ("TP4.2 FSDP2 shards the model", "TODO TP4.2"),
                        ("TP4.2 DDP out of memory, FSDP fits", "TODO TP4.2"), ("TP4.2 FSDP2 + compile", "TODO TP4.2"),
                        ("TP4.2 batch scan, DDP against FSDP2", "TODO TP4.2"), ("TP4.4 tensor parallel", "TODO TP4.4"),
-                       ("TP4.5 context parallel", "TODO TP4.5")):
+                       ("TP4.5 context parallel", "TODO TP4.5"), ("TP4.8 DeepSpeed ZeRO", "TODO TP4.8")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP4.6 loss match"]["status"] == "failed"  # tensor parallel without its all-reduces: wrong maths
     # an unsharded "FSDP" holds what DDP holds: under the same limit both run out of memory

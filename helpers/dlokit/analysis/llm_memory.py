@@ -203,3 +203,22 @@ def rank_memory_plot(runs, runs_dir=None):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     add_notes(figure, notes)
     return figure
+
+
+def offload_table(runs, runs_dir=None) -> pd.DataFrame:
+    """DeepSpeed runs (train_deepspeed.py), one row each: the device the model trained on, this rank's optimizer
+    states (MiB, the busiest rank's) and how many of them sat on the host (`offload_optimizer: cpu`), and a note: on
+    a machine without a GPU the states are on the host already, and offload has nothing to move."""
+    rows = []
+    for run in load_runs(runs, runs_dir):
+        found = [(r.get("summary") or {}).get("memory_bytes") or {} for r in run.ranks.values()]
+        found = [m for m in found if m.get("optimizer") is not None]
+        busiest = max(found, key=lambda m: m["optimizer"]) if found else {}
+        gpus = run.config.get("process_group_backend") == "nccl"  # the kit's process group: NCCL on GPUs, gloo on CPUs
+        offload = bool(run.config.get("offload_optimizer"))
+        note = ("" if not offload else "not applicable here: the model trains on the CPU, its optimizer states are on the "
+                "host already (nothing to move)" if not gpus else "the states and their step on the host")
+        rows.append({"run_id": run.run_id, "mode": mode_label(run), "state": run.state,
+                     "device": "GPU" if gpus else "CPU", "optimizer": busiest.get("optimizer", float("nan")) / MIB,
+                     "on_host": busiest.get("optimizer_offloaded", float("nan")) / MIB, "note": note})
+    return pd.DataFrame(rows, columns=["run_id", "mode", "state", "device", "optimizer", "on_host", "note"])
