@@ -2,7 +2,7 @@
 unpickled, and no file they plant (a FIFO, a link) can hang the report or make it read elsewhere.
 
 A real student runs a real job, then replaces its result pickle with one that runs a command when loaded and
-its usage record with a FIFO; root (the instructor) runs `python -m dlokit.classroom report --logs`: the command
+its usage record and its run record's summary with FIFOs; root (the instructor) runs `python -m dlokit.classroom report --logs`: the command
 never runs, the report ends, and the student's row says what was refused.
 
 Needs root (it creates a Unix user and runs the kit as them with runuser)."""
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"
 PLANT = """
 import os, pickle, subprocess, sys
 from pathlib import Path
-folder, pid, marker = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+folder, pid, marker, record = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 
 class Payload:  # runs a command as whoever unpickles it
     def __reduce__(self):
@@ -36,6 +36,8 @@ usage = folder / f"{pid}_0_usage.json"
 usage.unlink()
 os.mkfifo(usage)  # opened for reading, it blocks until someone writes
 os.mkfifo(folder / "4194999_job.json")  # a "job card" that is a FIFO too
+(record / "summary.json").unlink()
+os.mkfifo(record / "summary.json")  # and the run record's summary
 print('{"planted": true}')
 """
 
@@ -45,7 +47,8 @@ def test_a_students_planted_files_never_run_nor_hang_the_instructors_report(clas
     assert job["state"] == "COMPLETED", job
     marker = class_folder / "ran-as"  # the class folder is open to all: the payload could write here
     pid = Path(job["log"]).name.split("_")[0]
-    assert result(as_user(USERS[0], class_folder, PLANT, job["folder"], pid, str(marker)))["planted"]
+    record = class_folder / "runs" / job["job"] / "rank0"
+    assert result(as_user(USERS[0], class_folder, PLANT, job["folder"], pid, str(marker), str(record)))["planted"]
 
     page = tmp_path / "report.html"
     report = subprocess.run([sys.executable, "-m", "dlokit.classroom", "report", str(class_folder / "runs"),
