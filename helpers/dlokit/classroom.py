@@ -95,7 +95,7 @@ def cards(logs_dir: Path) -> list[tuple[object, Path]]:
 
 def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
     """The scheduler's word on each job (and the jobs that failed before writing any record)."""
-    for card, user_logs in cards(logs_dir):
+    for card, _ in cards(logs_dir):
         if Path(card.runs_dir).resolve() != Path(runs_dir).resolve():
             continue  # another runs folder: another class, or another profile
         try:
