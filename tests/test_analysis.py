@@ -684,7 +684,7 @@ def test_an_uncompiled_compile_variant_is_eager_against_eager(tmp_path):
     """TP3.3 with compile_with untouched (2026-11-28): "compile-default against eager ... ×1.66 ... agrees", eager
     against eager. Its record says it did not compile: same computation, the TODO named; a compiled one agrees."""
     from dlokit import lessons
-    from dlokit.analysis.compile_storage import compile_verdicts
+    from dlokit.lessons import compile_verdicts
 
     write_compile_run(tmp_path, "eager-twice", compiled=False, t_compile=0.0, compiled_step=0.006)
     [verdict] = compile_verdicts("eager-twice", on_gpu=False, runs_dir=tmp_path)

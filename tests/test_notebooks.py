@@ -319,7 +319,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"read_formats": sorted(analysis.read_table(read_job[0])'
                                                            '["format"].unique()), "compile_verdicts": [v.as_json() for v '
-                                                           'in analysis.compile_storage.compile_verdicts(compile_job[0], '
+                                                           'in lessons.compile_verdicts(compile_job[0], '
                                                            'ON_GPU) if v.effect == "compile"]'))
     found = by_check(results)
     for name, todo in (("TP3.1 optimisers and schedules", "TODO TP3.1"), ("TP3.2 LR range test", "TODO TP3.2"),

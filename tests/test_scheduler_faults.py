@@ -72,8 +72,9 @@ def test_a_job_whose_process_tree_was_sigkilled_ended_without_a_word(workspace):
     assert f"its run record's last step: {steps - 1}" in outcome.cause, (steps, str(outcome))
 
 
-def test_a_script_killed_by_sigkill_is_named(workspace, monkeypatch):
-    monkeypatch.setenv("DLOKIT_WARM_START", "0")  # the task's own child: its return code is -9
+@pytest.mark.parametrize("warm", ["0", "1"])  # the task's own child, or forked by the warm-start server
+def test_a_script_killed_by_sigkill_is_named(workspace, monkeypatch, warm):
+    monkeypatch.setenv("DLOKIT_WARM_START", warm)
     card = running_local_job("scriptkill")
     controller = psutil.Process(int(card.scheduler_id)).children()[0]
     [script] = tree_memory.scripts_of(controller.pid)

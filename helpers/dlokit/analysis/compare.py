@@ -7,7 +7,7 @@ baseline.
 An arm's value is the median of its runs' settled steps (dlokit.analysis.stats), with a 95 % interval; the
 ratio to the baseline arm carries its own interval (the run is the unit when both arms were repeated). Given the
 lesson the arms compare (`lesson="amp"`), an arm whose records show it computed what the baseline computed
-(dlokit.lessons.untreated) gets no ratio: its bar says "same computation", and its row why.
+(dlokit.analysis.expectations.untreated) gets no ratio: its bar says "same computation", and its row why.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dlokit.analysis import stats
+from dlokit.analysis.expectations import untreated
 from dlokit.analysis.figures import add_notes, figure_png_base64, message_figure, new_figure
 from dlokit.analysis.overlap import busy, foreign_notes, overlap_notes
 from dlokit.analysis.run import load_runs
@@ -106,8 +107,6 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     """Compare `metric` (a runs_table column) across arms; ratio = arm / baseline arm, with its interval. `lesson`
     (a dlokit.lessons name, or several): no ratio for an arm whose records show the same computation as the
     baseline's."""
-    from dlokit import lessons
-
     arms = arms_of(runs)
     loaded = {label: load_runs(ids, runs_dir) for label, ids in arms.items()}
     table = runs_table([r for group in loaded.values() for r in group])
@@ -122,7 +121,7 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
         if arm == base:
             estimate = stats.Estimate(1.0, 1.0, 1.0, len(base_samples), sum(len(s) for s in base_samples))
         else:
-            same[arm] = lessons.untreated(lesson, loaded[base], loaded[arm]) if lesson and loaded[base] else ""
+            same[arm] = untreated(lesson, loaded[base], loaded[arm]) if lesson and loaded[base] else ""
             estimate = stats.NO_ESTIMATE if same[arm] else \
                 stats.ratio_of_samples(base_samples, _samples(loaded[arm], metric, table))
         estimates[arm] = estimate

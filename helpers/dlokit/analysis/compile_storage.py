@@ -1,7 +1,6 @@
 """Day 3 views of the compile benchmark (TP3.3) and the read benchmark of the storage formats (TP3.4).
 
     compile_table(job_id) / compile_plot(job_id)    # compile time apart from step time, per part and variant
-    compile_verdicts(job_id, on_gpu)                # per part: the fastest compiled variant against eager; fused Adam
     read_table(job_id) / read_plot(job_id)          # images/s (with its interval) and MB/s per format and workers
     fastest_read(job_id)                            # the fastest, and whether its lead is beyond noise
 """
@@ -61,30 +60,6 @@ def compile_speedup(lines: pd.DataFrame, row) -> stats.Estimate:
     if reference.empty:
         return stats.NO_ESTIMATE
     return stats.ratio_of_samples([_timed(row)], [_timed(reference.iloc[0])])
-
-
-def compile_verdicts(job_id, on_gpu: bool, runs_dir=None) -> list:
-    """TP3.3's verdicts (dlokit.lessons), per part: its fastest compiled variant against eager, and Adam(fused=True)
-    against the for-each kernels, from calls timed in one process. A compiled variant whose record says it ran
-    uncompiled (compile_with untouched: compile took 0.0 s) is eager against eager: "same computation"."""
-    from dlokit import lessons
-
-    lines = load_run(job_id, runs_dir).lines("compile_result")
-    ok = lines[lines["status"] == "ok"] if "status" in lines else lines
-    verdicts = []
-    for part, rows in ok.groupby("part", sort=False):
-        eager = rows[rows["variant"] == "eager"].to_dict("records")
-        compiled = rows[rows["variant"].astype(str).str.startswith("compile")].sort_values("t_step").head(1)
-        for row in compiled.to_dict("records") if eager else []:
-            what = (f"{row['variant']} (the fastest compiled variant) against eager on the {part} part, calls timed in "
-                    f"one process (compile took {row['t_compile']:.1f} s once, from an empty kernel cache)")
-            verdicts.append(lessons.verdict_of("compile", compile_speedup(lines, row), on_gpu, what,
-                                               lessons.untreated("compile", eager[:1], [row])))
-        for row in rows[rows["variant"] == "fused"].to_dict("records") if eager else []:
-            verdicts.append(lessons.verdict_of("fused_optimizer", compile_speedup(lines, row), on_gpu,
-                                               "Adam(fused=True) against the for-each kernels (eager), steps timed in "
-                                               "one process"))
-    return verdicts
 
 
 UNCOMPILED = ("eager", "numpy", "fused")  # nothing traced, scripted or compiled: no compile time to write

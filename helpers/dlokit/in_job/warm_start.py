@@ -348,7 +348,8 @@ def _end_as(ended: dict | None, note: str, usage: str | None) -> None:
     status = ended["status"]
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        signal.signal(signum, signal.SIG_DFL)
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):  # their action cannot be set (EINVAL), nor caught
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
     os._exit(os.waitstatus_to_exitcode(status))
