@@ -1,10 +1,16 @@
-"""runs_table: one tidy row per run, the common input of every comparison."""
+"""runs_table: one tidy row per run, the common input of every comparison.
+
+What is measured every step (throughputs, the phases' times) is the median of the run's settled steps, the value
+compare_runs, the verdicts and the checks show (dlokit.analysis.stats); a run without step lines keeps its
+summary's figure."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.run import Run, load_runs
 
 CONFIG_ALIASES = {
@@ -49,20 +55,11 @@ def as_number(value):
     return None if math.isnan(value) else value
 
 
-def _mean_of_steps(steps: pd.DataFrame, column: str):
-    if column not in steps:
-        return None
-    values = pd.to_numeric(steps[column], errors="coerce").dropna()
-    values = values.iloc[1:] if len(values) > 1 else values
-    return float(values.mean()) if len(values) else None
-
-
 def run_metric(run: Run, key: str):
-    """A summary figure: rank 0's summary, else the mean over step lines so far (first step skipped)."""
-    value = as_number(run.summary.get(key))
-    if value is not None:
-        return value
-    return _mean_of_steps(run.steps, key)
+    """A step figure: the median of the run's settled steps (stats.step_values: the warm-up read from the step
+    times), as every comparison reads it; else rank 0's summary."""
+    settled = stats.step_values(run, key)
+    return float(np.median(settled)) if len(settled) else as_number(run.summary.get(key))
 
 
 def _peak(run: Run, key: str, step_key: str | None = None):
