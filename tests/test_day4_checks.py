@@ -44,6 +44,8 @@ def test_llama_3b_shape():
     ("fsdp", 2, ["--resume", "--checkpoint-dir", "/nonexistent/typo"], "--resume: no checkpoint in /nonexistent/typo"),
     ("hsdp", 2, [], "--mode hsdp needs --dp-replicate >= 2"),
     ("hsdp", 6, ["--dp-replicate", "4"], "--mode hsdp needs --dp-replicate >= 2"),
+    ("ddp", 2, ["--grad-accum", "3"], "--grad-accum 3: each rank's 4 sequences must split"),
+    ("pp", 2, ["--grad-accum", "2"], "--grad-accum with a pipeline"),
 ])
 def test_bad_arguments_are_explained(mode, world, extra, message):
     args = train_llm.parse_args(["--mode", mode, *extra])

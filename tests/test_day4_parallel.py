@@ -46,6 +46,9 @@ RUNS = {
     "fsdp-tp-2x2": (["--mode", "fsdp-tp", "--tp", "2"], 4),
     "cp": (["--mode", "cp"], 2),
     "fsdp-meta-init": (["--mode", "fsdp", "--meta-init"], 2),
+    "single-grad-accum": (["--grad-accum", "4"], 1),
+    "ddp-grad-accum": (["--mode", "ddp", "--grad-accum", "2"], 2),
+    "fsdp-grad-accum": (["--mode", "fsdp", "--grad-accum", "2"], 2),
 }
 
 
@@ -158,6 +161,24 @@ def test_parallel_run_matches_single_process(runs, reference, name):
         m, v = s["pp_microbatches"], s["pp_virtual_stages"]
         assert s["pp_idle_fraction_theory"] == pytest.approx((p - 1) / (v * m + p - 1))
         assert 0 <= s["pp_idle_fraction_measured"] < 1
+
+
+def test_gradient_accumulation_synchronises_once_a_step_and_holds_a_micro_batch(runs):
+    """--grad-accum 2: each rank's 4 sequences in two forward-backwards; the gradients are synchronised after the
+    last only (DDP's no_sync, FSDP2's set_requires_gradient_sync): FSDP2 reduce-scatters as often as without
+    accumulation and all-gathers the weights for each micro-batch; DDP all-reduces once. The saved activations are a
+    micro-batch's: half."""
+    for name in ("fsdp", "fsdp-grad-accum", "ddp", "ddp-grad-accum"):
+        runs.get(name)
+    plain, accumulated = (summary(runs.tmp, name) for name in ("fsdp", "fsdp-grad-accum"))
+    calls = lambda s, kind: s["collectives_per_step"][kind]["calls"]
+    assert calls(accumulated, "reduce_scatter") == calls(plain, "reduce_scatter")
+    assert calls(accumulated, "allgather") == 2 * calls(plain, "allgather")
+    assert summary(runs.tmp, "ddp-grad-accum")["collectives_per_step"]["allreduce"]["calls"] == \
+        summary(runs.tmp, "ddp")["collectives_per_step"]["allreduce"]["calls"]
+    for name in ("fsdp", "ddp"):
+        whole, half = (summary(runs.tmp, n)["memory_bytes"]["activations_peak"] for n in (name, f"{name}-grad-accum"))
+        assert half == pytest.approx(whole / 2, rel=0.02), (name, whole, half)
 
 
 @pytest.mark.parametrize("schedule, nproc", [("1f1b", 2), ("interleaved", 2), ("1f1b", 4)])

@@ -12,6 +12,7 @@
     python train_llm.py --config tiny --data text --steps 50                         # one process
     torchrun --nproc_per_node=2 train_llm.py --mode ddp                              # or zero1, fsdp
     torchrun --nproc_per_node=2 train_llm.py --mode fsdp --dtype bf16 --activation-checkpointing
+    torchrun --nproc_per_node=2 train_llm.py --mode ddp --grad-accum 4                # 4 micro-batches a step
     torchrun --nproc_per_node=4 train_llm.py --mode hsdp --dp-replicate 2            # 2 replicas x 2 shards
     torchrun --nproc_per_node=2 train_llm.py --mode pp --pp-schedule 1f1b --microbatches 4
     torchrun --nproc_per_node=2 train_llm.py --mode tp-scratch        # or tp (DTensor), --sequence-parallel
@@ -254,13 +255,17 @@ def forward_backward(run, inputs, targets):
             loss = parallel.pipeline.step(inputs, targets)
         timer.split("fwd_bwd")
         return loss
-    with parallel.context(inputs, targets), run.autocast:
-        model_args, model_kwargs, local_targets = parallel.prepare(inputs, targets)
-        loss = loss_fn(parallel.modules[0](*model_args, **model_kwargs), local_targets)
-        timer.split("forward")
-        loss.backward()
-    timer.split("backward")
-    return loss.detach()
+    micro = run.args.grad_accum  # the rank's batch in `micro` forward-backwards, the gradients added up
+    total = 0.0
+    for index, (x, y) in enumerate(zip(inputs.chunk(micro), targets.chunk(micro))):
+        with parallel.gradient_sync(index == micro - 1), parallel.context(x, y), run.autocast:
+            model_args, model_kwargs, local_targets = parallel.prepare(x, y)
+            loss = loss_fn(parallel.modules[0](*model_args, **model_kwargs), local_targets) / micro
+            timer.split("forward")
+            loss.backward()
+        timer.split("backward")
+        total = total + loss.detach()
+    return total
 
 
 if __name__ == "__main__":

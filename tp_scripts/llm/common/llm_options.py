@@ -43,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--cpu-offload", action="store_true", help="FSDP: keep sharded params/grads/optimizer on the host")
     p.add_argument("--no-reshard-after-forward", action="store_true", help="FSDP: keep gathered weights for backward")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step: each rank's batch cut into N forward-backwards, its "
+                        "activations 1/N; DDP and FSDP2 synchronise the gradients on the last one only")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--meta-init", action="store_true",
                    help="FSDP modes: build on the meta device, allocate each rank's shards only (big configs)")
@@ -105,6 +108,11 @@ def plan_degrees(args, config, world: int) -> ParallelDims:
         raise ArgumentsError(f"--cpu-offload is FSDP's: use it with {', '.join(fsdp_modes)}")
     if args.batch_size % dims.dp:
         raise ArgumentsError(f"--batch-size {args.batch_size} is not divisible by the data-parallel degree {dims.dp}")
+    if args.grad_accum < 1 or (args.batch_size // dims.dp) % args.grad_accum:
+        raise ArgumentsError(f"--grad-accum {args.grad_accum}: each rank's {args.batch_size // dims.dp} sequences must "
+                             "split into that many micro-batches (1 or more)")
+    if args.grad_accum > 1 and pp > 1:
+        raise ArgumentsError("--grad-accum with a pipeline: its schedule cuts the batch into --microbatches already")
     if (args.resume or args.checkpoint_step is not None) and not args.checkpoint_dir:
         raise ArgumentsError(f"{'--resume' if args.resume else '--checkpoint-step'} needs --checkpoint-dir")
     if args.checkpoint_step is not None and not 1 <= args.checkpoint_step <= args.steps:

@@ -20,7 +20,7 @@ what the gradient norm and the checkpoint must know.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -60,6 +60,7 @@ class Parallel:
     fsdp_reduce_op: str | None = None      # how FSDP averages gradients: "avg" or "sum" (then divides)
     prepare: Callable = _whole             # (inputs, targets) -> (model args, model kwargs, targets)
     context: Callable = field(default=lambda inputs, targets: nullcontext())
+    gradient_sync: Callable = field(default=lambda enabled: nullcontext())  # --grad-accum: off but on the last
 
 
 def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device, cp_attention=None) -> Parallel:
@@ -126,7 +127,17 @@ def apply_data_parallel(parallel, dims, mesh, args, device):
             model.to_empty(device="cpu" if args.cpu_offload else device)
             model.init_weights(buffer_device=device)
         parallel.fsdp_casts, parallel.fsdp_reduce_op = True, "sum" if sum_reduction else "avg"
+        parallel.gradient_sync = lambda enabled: _fsdp_gradient_sync(model, enabled)
     elif dims.has("dp_replicate"):
         parallel.dp_group = mesh.get_group("dp_replicate")
         wrapped = parallelize_ddp(model, device, parallel.dp_group)
         parallel.modules, parallel.checkpoint_module = [wrapped], wrapped
+        parallel.gradient_sync = lambda enabled: nullcontext() if enabled else wrapped.no_sync()
+
+
+@contextmanager
+def _fsdp_gradient_sync(model, enabled: bool):
+    """Without sync FSDP2 keeps each block's whole gradients, adding up the micro-batches', and reduce-scatters them
+    once, after the last: one reduce-scatter a step instead of one a micro-batch, for unsharded gradients meanwhile."""
+    model.set_requires_gradient_sync(enabled)
+    yield
