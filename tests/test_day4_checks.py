@@ -384,3 +384,17 @@ def test_the_largest_batch_is_read_between_what_fitted_and_what_ran_out():
     assert found["fsdp"] == {"batch": 128, "bracketed": False, "smallest_out": None, "other": ["fsdp-256"]}
     assert describe(found) == ("DDP fits a batch of 64 (128 ran out of memory), FSDP2 fits a batch of 128 (no "
                                "batch ran out of memory)")
+
+
+def test_the_memory_model_counts_each_lever():
+    """--grad-accum 4: a quarter of the activations; under FSDP2 (no gradient sync but on the last micro-batch) the
+    whole gradients meanwhile. FSDP2's CPU offload: the sharded states in host memory, out of the device's total."""
+    config = model_lib.get_config("scan-demo")
+    plain = estimate(config, batch_size=64, seq_len=16, dp=2, zero=3, precision="fp32")
+    accumulated = estimate(config, batch_size=64, seq_len=16, dp=2, zero=3, precision="fp32", grad_accum=4)
+    offloaded = estimate(config, batch_size=64, seq_len=16, dp=2, zero=3, precision="fp32", cpu_offload=True)
+    assert accumulated.activations == pytest.approx(plain.activations / 4)
+    assert accumulated.gradients == pytest.approx(2 * plain.gradients)  # whole, where FSDP2 keeps half on 2 ranks
+    assert offloaded.host == pytest.approx(plain.weights + plain.gradients + plain.optimizer)
+    assert offloaded.total == pytest.approx(plain.total - offloaded.host)
+    assert estimate(config, batch_size=64, seq_len=16, dp=2, zero=0, precision="fp32", cpu_offload=True).host == 0

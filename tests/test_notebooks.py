@@ -343,6 +343,8 @@ print("DLOKIT_PROBE " + json.dumps({
     "profile": profile.name,
     "oom_states": [dlokit.job_outcome(j).state for j in oom_jobs],
     "scan_outcomes": scan_runs["outcome"].tolist(),
+    "lever_outcomes": lever_runs.loc[lever_runs["layout"].str.contains("[+]"), ["layout", "outcome"]].values.tolist(),
+    "lever_notes": layout_scan.lever_table(lever_runs)["note"].tolist(),
     "oom_cause": dlokit.job_outcome(oom_jobs[0]).cause,
     "loss_matched": loss_match.loss_match_table(loss_jobs, reference=single_job[0])["matched"].tolist(),
     "compress_variants": len(analysis.compression_table(compress_job[0])),
@@ -359,6 +361,9 @@ def check_day4(results, probe, profile):
     assert "under the script's own --memory-limit of" in probe["oom_cause"]  # not the job's, whose advice would mislead
     # DDP fits 64 and runs out at 128, FSDP2 fits 128 and runs out at 256 (the memory model's plan, which held)
     assert probe["scan_outcomes"] == ["fits", "out of memory", "out of memory", "fits", "fits", "out of memory"]
+    # at 256, where FSDP2 ran out: checkpointing and accumulation fit; offload has nothing to move on a CPU
+    assert probe["lever_outcomes"] == [["fsdp+ac", "fits"], ["fsdp+accum", "fits"], ["fsdp+offload", "out of memory"]]
+    assert probe["lever_notes"][-1].startswith("not applicable here") and not any(probe["lever_notes"][:-1])
     assert probe["loss_matched"] == [True] * len(DAY4_TINY["LOSS_MODES"]) and probe["compress_variants"] >= 3
     assert probe["ds_loss_matched"] == [True] * 4  # ZeRO 1, 2, 3 and ZeRO-2 with its optimizer offloaded
 

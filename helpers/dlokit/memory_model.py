@@ -91,6 +91,7 @@ class MemoryBreakdown:
     unsharded_grads: float = 0.0   # ZeRO-3: one block's full gradients before the reduce-scatter
     recomputed: float = 0.0        # activation checkpointing: one block's activations, recomputed in backward
     optimizer_step: float = 0.0    # CUDA: AdamW's foreach temporaries, 4 bytes a weight it updates
+    host: float = 0.0              # FSDP2's CPU offload: the weights', gradients' and states' shards in host memory
 
     @property
     def transient(self) -> float:
@@ -161,12 +162,16 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
              cp: int = 1, precision: str = "bf16-mixed", optimizer: str = "adamw",
              activation_checkpointing: bool = False, reshard_after_forward: bool = True,
              sequence_parallel: bool = False, microbatches: int = 1, pp_schedule: str = "1f1b",
-             cuda: bool = False, master: bool = False, bucket: int = 0) -> MemoryBreakdown:
+             cuda: bool = False, master: bool = False, bucket: int = 0, grad_accum: int = 1,
+             cpu_offload: bool = False) -> MemoryBreakdown:
     """Bytes on the busiest rank. batch_size: sequences per data-parallel rank (the local batch);
     dp: the ranks ZeRO shards over; cuda: count AdamW's foreach temporaries (PyTorch's default on CUDA);
     master: an fp32 master copy of the weights in the optimizer states whatever the precision (DeepSpeed's ZeRO
     keeps one, sharded as the states are); bucket: elements of ZeRO's gradient reduce bucket (DeepSpeed's
-    reduce_bucket_size), counted with the gradients (its gradients' peak in backward)."""
+    reduce_bucket_size), counted with the gradients (its gradients' peak in backward); grad_accum: micro-batches a
+    step (train_llm.py --grad-accum), each holding batch_size / grad_accum sequences of activations, and under ZeRO-3
+    (FSDP2, no gradient sync but on the last) the whole gradients added up until the last; cpu_offload: FSDP2's
+    sharded weights, gradients and optimizer states kept in host memory (`host`), out of the device's total."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}")
     if optimizer not in OPTIMIZER_STATE_BYTES:
@@ -180,7 +185,7 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     o_bytes = max(master_bytes, 4 if master else 0) + OPTIMIZER_STATE_BYTES[optimizer]
     params = params_on_rank(config, tp, pp)
     weights = params * w_bytes / (dp if zero >= 3 else 1)
-    gradients = params * g_bytes / (dp if zero >= 2 else 1) + bucket * g_bytes
+    gradients = params * g_bytes / (dp if zero >= 2 and grad_accum == 1 else 1) + bucket * g_bytes
     optimizer_bytes = params * o_bytes / (dp if zero >= 1 else 1)
     foreach = OPTIMIZER_STATE_BYTES[optimizer] > 0 and cuda  # foreach AdamW: sqrt(v) as a whole new fp32 list
     step_temporaries = params * 4 / (dp if zero >= 1 else 1) if foreach else 0.0
@@ -196,7 +201,7 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
 
     per_block, head, checkpointed = activation_elements_per_token(config, tp, sequence_parallel)
     layers_here = config.n_layers / pp
-    tokens = batch_size * seq_len / cp
+    tokens = batch_size * seq_len / cp / grad_accum
     if pp > 1:  # micro-batches alive at once on the first stage
         in_flight = microbatches if pp_schedule in ("gpipe", "naive") else min(pp, microbatches)
         tokens = tokens / microbatches * in_flight
@@ -205,8 +210,11 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     # The head (final norm, fp32 log-probs) sits on the last stage; adding it to the first stage's
     # blocks makes the pipeline figure an upper bound.
     activations = tokens * (blocks_elements * a_bytes + head * a_bytes + 4 * config.vocab_size)
+    host = 0.0
+    if cpu_offload and zero >= 3:
+        host, weights, gradients, optimizer_bytes = weights + gradients + optimizer_bytes, 0.0, 0.0, 0.0
     return MemoryBreakdown(weights, gradients, optimizer_bytes, activations, gathered, unsharded_grads, recomputed,
-                           step_temporaries)
+                           step_temporaries, host)
 
 
 def fits(breakdown: MemoryBreakdown, device_gib: float, headroom: float = 0.9) -> bool:
@@ -250,7 +258,8 @@ def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
                     optimizer="adamw", activation_checkpointing=bool(config.get("activation_checkpointing")),
                     reshard_after_forward=not config.get("no_reshard_after_forward"),
                     sequence_parallel=bool(config.get("sequence_parallel")),
-                    microbatches=microbatches * virtual, pp_schedule=config.get("pp_schedule") or "1f1b", cuda=cuda)
+                    microbatches=microbatches * virtual, pp_schedule=config.get("pp_schedule") or "1f1b", cuda=cuda,
+                    grad_accum=int(config.get("grad_accum") or 1))
 
 
 # ---- the calculator ------------------------------------------------------------------------------

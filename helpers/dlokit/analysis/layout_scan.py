@@ -1,9 +1,12 @@
-"""TP4.2's batch scan per layout: under one memory limit per rank, the largest batch DDP fits and FSDP2 fits.
+"""TP4.2's batch scan per layout: under one memory limit per rank, the largest batch DDP fits and FSDP2 fits, then
+what each memory lever adds to FSDP2's.
 
     plan = scan_limit(config, ranks=2, batches=[32, 64, 128, 256], seq_len=16)  # the limit, from the memory model
     table = scan_table(ddp_ids, fsdp_ids)   # per run: layout, batch, how it ended, MiB per rank measured, modelled
     largest_batches(table)                  # {"ddp": {"batch": 64, "bracketed": True, ...}, "fsdp": ...}
     scan_plot(table)                        # MiB per rank against the batch, the limit, a cross where a run ran out
+    levers = scan_table(ddp_ids, fsdp_ids, levers=lever_ids)   # + FSDP2 runs with activation checkpointing,
+    lever_table(levers)                     # gradient accumulation, CPU offload: the batch each buys, at what speed
 
 Every run of the scan trains two steps under `--memory-limit`: the second step is the first to hold the optimizer
 states together with the activations, as every later step does. A run that ran out of memory is recorded as such
@@ -20,8 +23,11 @@ from dlokit.analysis.llm_memory import MIB, _measured, layout_need_mb
 from dlokit.analysis.run import COMPLETED, load_runs
 
 LAYOUTS = ("ddp", "fsdp")
-COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange"}
-NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
+LEVERS = ("fsdp+ac", "fsdp+accum", "fsdp+offload")  # FSDP2 with one memory lever of train_llm.py each
+COLORS = {"ddp": "tab:blue", "fsdp": "tab:orange", "fsdp+ac": "tab:green", "fsdp+accum": "tab:purple",
+          "fsdp+offload": "tab:brown"}
+NAMES = {"ddp": "DDP", "fsdp": "FSDP2", "fsdp+ac": "FSDP2 + activation checkpointing",
+         "fsdp+accum": "FSDP2 + gradient accumulation", "fsdp+offload": "FSDP2 + CPU offload"}
 
 
 def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = "fp32") -> dict:
@@ -48,8 +54,19 @@ def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = 
 
 
 def _layout(run) -> str | None:
-    layout = run.config.get("data_parallel")
+    """'ddp', 'fsdp', or FSDP2 with its memory lever ('fsdp+ac', 'fsdp+accum', 'fsdp+offload'; one at a time)."""
+    config = run.config
+    layout = config.get("data_parallel")
+    if layout == "fsdp":
+        for lever, on in (("ac", config.get("activation_checkpointing")), ("accum", int(config.get("grad_accum") or 1) > 1),
+                          ("offload", config.get("cpu_offload"))):
+            if on:
+                return f"fsdp+{lever}"
     return layout if layout in LAYOUTS else None
+
+
+def _on_gpu(run) -> bool:
+    return run.config.get("process_group_backend") == "nccl"  # the kit's process group: NCCL on GPUs, gloo on CPUs
 
 
 def _busiest_mib(run) -> float | None:
@@ -59,19 +76,33 @@ def _busiest_mib(run) -> float | None:
 
 
 def _modelled_mib(run) -> float | None:
+    config = run.config
     try:
-        return layout_need_mb(run.config["model"], _layout(run), ranks=run.world_size,
-                              batch_size=int(run.config["batch_size"]), seq_len=int(run.config["seq_len"]),
-                              dtype=run.config.get("dtype") or "fp32")
-    except (KeyError, TypeError, ValueError):
+        return layout_need_mb(config["model"], _layout(run).split("+")[0], ranks=run.world_size,
+                              batch_size=int(config["batch_size"]), seq_len=int(config["seq_len"]),
+                              dtype=config.get("dtype") or "fp32",
+                              activation_checkpointing=bool(config.get("activation_checkpointing")),
+                              grad_accum=int(config.get("grad_accum") or 1),
+                              cpu_offload=bool(config.get("cpu_offload")) and _on_gpu(run))
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 
-def scan_table(ddp_ids, fsdp_ids, runs_dir=None) -> pd.DataFrame:
+def _last_step_s(run) -> float | None:
+    """The last step's time: the scan's second step, the first to run with every state in place."""
+    steps = run.steps
+    if steps.empty or "t_step" not in steps:
+        return None
+    value = pd.to_numeric(steps["t_step"], errors="coerce").dropna()
+    return float(value.iloc[-1]) if len(value) else None
+
+
+def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=()) -> pd.DataFrame:
     """(ids, or Run objects already loaded) One row per run: layout, global batch, batch per rank, outcome ('fits', 'out of memory', or the run's state),
-    the limit per rank, and MiB per rank measured (from the tensors, where it ran) and modelled."""
+    the limit per rank, MiB per rank measured (from the tensors, where it ran) and modelled, and the last step's time
+    where it fitted. levers: FSDP2 runs with a memory lever each (their layout says which)."""
     rows = []
-    for expected, run_ids in (("ddp", ddp_ids), ("fsdp", fsdp_ids)):
+    for expected, run_ids in (("ddp", ddp_ids), ("fsdp", fsdp_ids), ("fsdp", levers)):
         for run in load_runs(list(run_ids), runs_dir):
             layout = _layout(run) or run.config.get("mode") or expected
             batch = int(run.config.get("batch_size") or 0)
@@ -80,8 +111,10 @@ def scan_table(ddp_ids, fsdp_ids, runs_dir=None) -> pd.DataFrame:
                          "batch_per_rank": batch // max(1, run.world_size), "outcome": outcome,
                          "limit_mb": run.summary.get("memory_limit_mb") or run.config.get("memory_limit"),
                          "measured_mb": _busiest_mib(run) if outcome == "fits" else None,
-                         "modelled_mb": _modelled_mib(run)})
-    columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb"]
+                         "modelled_mb": _modelled_mib(run),
+                         "step_s": _last_step_s(run) if outcome == "fits" else None, "on_gpu": _on_gpu(run)})
+    columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb",
+               "step_s", "on_gpu"]
     return pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)
 
 
@@ -90,7 +123,7 @@ def largest_batches(table: pd.DataFrame) -> dict:
     of memory ("bracketed": then it is the largest of the scan's sizes that fits; else only a lower bound), and the
     runs that ended otherwise ("other")."""
     found = {}
-    for layout in LAYOUTS:
+    for layout in [*LAYOUTS, *(lever for lever in LEVERS if lever in set(table["layout"]))]:
         rows = table[table["layout"] == layout]
         fit = rows.loc[rows["outcome"] == "fits", "batch"]
         largest = int(fit.max()) if len(fit) else None
@@ -119,19 +152,22 @@ def scan_plot(table: pd.DataFrame):
     every batch (a dashed line), a cross at the modelled need where the run ran out of memory; the limit as a line."""
     if table.empty:
         return message_figure(["no runs"], title="the batch scan")
-    figure, axes = new_figure(size=(7, 4.5))
+    levers = bool(set(table["layout"]) & set(LEVERS))
+    figure, axes = new_figure(size=(10, 4.5) if levers else (7, 4.5))
     ax = axes[0, 0]
-    for layout in LAYOUTS:
+    for layout in [*LAYOUTS, *LEVERS]:
         rows = table[table["layout"] == layout]
         if rows.empty:
             continue
         color = COLORS[layout]
-        ax.plot(rows["batch"], rows["modelled_mb"], "--", color=color, alpha=0.6, label=f"{NAMES[layout]}, modelled")
+        ax.plot(rows["batch"], rows["modelled_mb"], "--", marker="_", markersize=14, color=color, alpha=0.6,
+                label=f"{NAMES[layout]}, modelled")
         fits = rows[rows["outcome"] == "fits"]
-        ax.plot(fits["batch"], fits["measured_mb"], "o-", color=color, label=f"{NAMES[layout]}, fits: tensors measured")
+        ax.plot(fits["batch"], fits["measured_mb"], "o-", color=color,
+                label=f"{NAMES[layout]}, fits: tensors measured" if len(fits) else None)
         out = rows[rows["outcome"] == "out of memory"]
         ax.plot(out["batch"], out["modelled_mb"], "x", color=color, markersize=11, markeredgewidth=2.5,
-                label=f"{NAMES[layout]}, out of memory (at the modelled need)")
+                label=f"{NAMES[layout]}, out of memory (at the modelled need)" if len(out) else None)
     limits = table["limit_mb"].dropna().unique()
     for limit in limits:
         ax.axhline(float(limit), color="black", linewidth=1)
@@ -144,8 +180,37 @@ def scan_plot(table: pd.DataFrame):
     ax.set(xlabel="global batch (sequences)", ylabel="MiB per rank (busiest rank)",
            title=f"the largest batch under one limit: {said}")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=8, loc="upper left")
+    if levers:  # beside the plot: the levers' points sit low on the right
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8, loc="upper left")
     other = table[~table["outcome"].isin(["fits", "out of memory"])]
     add_notes(figure, [f"run {r.run_id} ({NAMES.get(r.layout, r.layout)}, batch {r.batch}): {r.outcome}"
                        for r in other.itertuples()])
     return figure
+
+
+def lever_table(table: pd.DataFrame) -> pd.DataFrame:
+    """FSDP2 and each lever, under the scan's limit: the largest batch that fitted (and the smallest that ran out), the
+    last step's time there and sequences per second, and both against plain FSDP2's at its own largest batch. On a
+    CPU, CPU offload has nothing to move: the shards it would send to the host are in host memory already."""
+    found = largest_batches(table)
+    rows = []
+    for layout in ["fsdp", *(lever for lever in LEVERS if lever in found)]:
+        entry = found[layout]
+        fits = table[(table["layout"] == layout) & (table["outcome"] == "fits")]
+        at = fits[fits["batch"] == entry["batch"]]
+        step = float(at["step_s"].iloc[0]) if len(at) and pd.notna(at["step_s"].iloc[0]) else None
+        cpu_only = not table.loc[table["layout"] == layout, "on_gpu"].any()
+        rows.append({"layout": NAMES[layout], "largest_batch": entry["batch"], "smallest_out": entry["smallest_out"],
+                     "step_s": step, "sequences_per_s": entry["batch"] / step if step and entry["batch"] else None,
+                     "note": ("not applicable here: on a CPU the shards offload would move are in host memory "
+                              "already" if layout == "fsdp+offload" and cpu_only else "")})
+    result = pd.DataFrame(rows, columns=["layout", "largest_batch", "smallest_out", "step_s", "sequences_per_s", "note"])
+    base = result.iloc[0] if len(result) else None
+    if base is not None:
+        result.insert(3, "batch_x", [b / base["largest_batch"] if b and base["largest_batch"] else None
+                                     for b in result["largest_batch"]])
+        result.insert(6, "speed_x", [v / base["sequences_per_s"] if v and base["sequences_per_s"] else None
+                                     for v in result["sequences_per_s"]])
+    return result
