@@ -193,3 +193,27 @@ class DeviceQueue:
     def leave(self) -> None:
         self.ticket.unlink(missing_ok=True)
         self.release()
+
+
+# ---- a waiting job's reason, in a few words (the live queue) ----------------------------------------------------
+
+def asked_for(need: int, among: list[str]) -> str:
+    """What a job waits for, in the unit it was submitted in: its GPUs; on a machine without GPUs the whole CPU
+    (a measurement takes every core) or its cores (alone=False: one per task)."""
+    if among and among[0].startswith("gpu"):
+        return f"{need} GPU" + ("s" if need > 1 else "")
+    if need >= len(among):
+        return "the CPU"
+    return f"{need} core" + ("s" if need > 1 else "")
+
+
+def pending_reason(need: int, among: list[str], held_by: dict[str, str]) -> str:
+    """"waits for the CPU: your job 1128-…-d3b7 holds it". `held_by`: {device: who holds it, in words}."""
+    what = asked_for(need, among)
+    if not held_by:
+        return f"waits for {what}: earlier jobs go first"
+    who = list(dict.fromkeys(held_by.values()))
+    if what == "the CPU":
+        return f"waits for the CPU: {' and '.join(who)} {'holds' if len(who) == 1 else 'hold'} it"
+    return f"waits for {what}: " + "; ".join(
+        f"{holder} holds {', '.join(d for d, h in held_by.items() if h == holder)}" for holder in who)

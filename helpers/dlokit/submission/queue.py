@@ -1,7 +1,8 @@
 """The live queue: which of my jobs are waiting or running, refreshed in place until they end.
 
-In Jupyter it is an ipywidget (state, elapsed time, nodes, last log line, a cancel button per job);
-anywhere else it prints a text table when something changes. Works for both backends.
+In Jupyter it is an ipywidget (state, elapsed time, nodes, the last log line or why a job waits, a cancel button
+per job) that fits the notebook's width; anywhere else it prints a text table when something changes. A watched job
+that has ended stays in the table with its final state and last line. Works for both backends.
 """
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import subprocess
 import time
 
 import pandas as pd
+import psutil
 
-from . import jobs
+from . import devices, jobs
 from .jobspec import format_seconds
 from .profiles import current_profile
 
-COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "reason", "last_log_line"]
+# reason: why a job waits, in a few words; reason_detail: the scheduler's or launcher's whole word on it
+COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "reason", "last_log_line",
+           "reason_detail"]
 
 
 def job_table(name: str | None = None, job_ids=None) -> pd.DataFrame:
@@ -49,11 +53,17 @@ def _slurm_rows(name: str | None, wanted: set | None = None) -> list[dict]:
         job_id, job_name, state, elapsed, limit, nodes, node_list, reason = line.split("|", 7)
         pending = state == "PENDING"
         card = cards.get(job_id)
-        rows.append(dict(job_id=job_id, name=job_name, state=state, elapsed=elapsed, time_limit=limit,
-                         nodes=int(nodes), node_list="" if pending else node_list,
-                         reason=reason if pending and reason != "None" else "",
-                         last_log_line=jobs.script_line(card) if card else ""))
+        reason = reason if pending and reason != "None" else ""
+        rows.append(dict(job_id=job_id, name=job_name, state=state,
+                         elapsed=_waited(card) if pending and card else elapsed, time_limit=limit,
+                         nodes=int(nodes), node_list="" if pending else node_list, reason=reason,
+                         last_log_line=jobs.script_line(card) if card and not pending else "", reason_detail=reason))
     return rows
+
+
+def _waited(card: jobs.JobCard) -> str:
+    """How long a waiting job has waited: since its submission (the scheduler's clock starts only when it runs)."""
+    return jobs.hms(time.time() - card.submitted_at)
 
 
 RECENT_S = 24 * 3600  # with neither squeue nor sacct answering, a job submitted this recently may still be queued
@@ -72,11 +82,10 @@ def _no_answer_rows(cards: dict, wanted: set | None, why: str) -> list[dict]:
             continue  # it ended, as accounting knows
         if said is None and wanted is None and time.time() - card.submitted_at > RECENT_S:
             continue
+        reason = f"no answer: the Slurm controller did not answer ({why})" + (f"; sacct last said {said}" if said else "")
         rows.append(dict(job_id=card.job_id, name=card.name, state=jobs.NO_ANSWER, elapsed="",
                          time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="",
-                         reason=f"no answer: the Slurm controller did not answer ({why})"
-                                + (f"; sacct last said {said}" if said else ""),
-                         last_log_line=jobs.script_line(card)))
+                         reason=reason, last_log_line=jobs.script_line(card), reason_detail=reason))
     return rows
 
 
@@ -104,11 +113,63 @@ def _local_rows(name: str | None) -> list[dict]:
             continue
         outcome = jobs.job_outcome(card.job_id)
         pending = outcome.state == "PENDING"
-        rows.append(dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed or "0:00",
+        rows.append(dict(job_id=card.job_id, name=card.name, state=outcome.state,
+                         elapsed=_waited(card) if pending else outcome.elapsed or "00:00:00",
                          time_limit=format_seconds(card.time_seconds), nodes=1,
-                         node_list="" if pending else "localhost", reason=outcome.cause if pending else "",
-                         last_log_line="" if pending else jobs.script_line(card)))
+                         node_list="" if pending else "localhost", reason=_local_reason(card) if pending else "",
+                         last_log_line="" if pending else jobs.script_line(card),
+                         reason_detail=outcome.cause if pending else ""))
     return rows
+
+
+def _local_reason(card: jobs.JobCard) -> str:
+    """What a waiting local job waits for and who holds it, in a few words (its launcher's note says it all)."""
+    request = _launcher_request(card)
+    if request is None:
+        return "waits for its devices"
+    need, among = request
+    mine = {c.native_id: c for c in jobs.all_cards()}
+    held_by = {device: _holder(note, mine, card.name) for device, note in devices.holders(among).items()}
+    return devices.pending_reason(need, among, held_by)
+
+
+def _launcher_request(card: jobs.JobCard) -> tuple[int, list[str]] | None:
+    """(how many devices, among which) the job's launcher was started with; None once it has gone."""
+    try:
+        argv = psutil.Process(int(card.scheduler_id)).cmdline()
+        return int(argv[argv.index("--need") + 1]), argv[argv.index("--among") + 1].split(",")
+    except (psutil.Error, ValueError, IndexError):
+        return None
+
+
+def _holder(note: dict, mine: dict, waiting_name: str) -> str:
+    """Who holds a device, as the waiting job's owner reads it: "your job 1128-…-d3b7", "bob's job bob"."""
+    if note.get("user") != getpass.getuser():
+        return f"{note.get('user', 'another user')}'s job {note.get('name')}"
+    card = mine.get(str(note.get("pid")))
+    if card is None:
+        return f"your job {note.get('name')} (pid {note.get('pid')})"
+    return f"your job {short_id(card.job_id)}" + (f" ({card.name})" if card.name != waiting_name else "")
+
+
+def short_id(job_id: str) -> str:
+    """A local job id without its time of day, 1128-143005-d3b7 -> 1128-…-d3b7; Slurm's ids as they are."""
+    parts = job_id.split("-")
+    return f"{parts[0]}-…-{parts[-1]}" if len(parts) > 2 else job_id
+
+
+def distinct_ids(job_ids) -> dict[str, str]:
+    """The part of each id that tells it from the others: 1128-143005-d3b7 -> …-d3b7 (the whole id if needed)."""
+    job_ids = list(job_ids)
+    found = {}
+    for job_id in job_ids:
+        parts = job_id.split("-")
+        for k in range(1, len(parts) + 1):
+            tail = parts[-k:]
+            if sum(other.split("-")[-k:] == tail for other in job_ids) == 1 or k == len(parts):
+                found[job_id] = ("…-" if k < len(parts) else "") + "-".join(tail)
+                break
+    return found
 
 
 def _in_jupyter() -> bool:
@@ -183,12 +244,67 @@ def _pause(timestep: float, cards: list, on_tick=None) -> None:
             return
 
 
+class _Watched:
+    """The jobs one watch shows: those asked for (or seen in the queue). Each that has left the queue is kept with
+    its final state and last line, so that a job that ended between two refreshes still shows how it ended."""
+
+    def __init__(self, job_ids=None):
+        self.ids = [str(i) for i in job_ids or []]
+        self.cards: dict = {}
+        self.ended: dict[str, dict] = {}
+
+    def card(self, job_id: str):
+        if job_id not in self.cards:
+            try:
+                self.cards[job_id] = jobs.find_card(job_id)
+            except LookupError:
+                self.cards[job_id] = None
+        return self.cards[job_id]
+
+    def rows(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The queue's rows, then those of the watched jobs that have ended."""
+        queued = set(table["job_id"])
+        self.ids += [i for i in table["job_id"] if i not in self.ids]
+        for job_id in self.ids:
+            if job_id not in queued and job_id not in self.ended and self.card(job_id) is not None:
+                row = _ended_row(self.card(job_id))
+                if row is not None:
+                    self.ended[job_id] = row
+        ended = pd.DataFrame([self.ended[i] for i in self.ids if i in self.ended and i not in queued], columns=COLUMNS)
+        if ended.empty:
+            return table
+        return ended if table.empty else pd.concat([table, ended], ignore_index=True)
+
+    def fresh_lines(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The table with each running job's last line read again: its log file, no scheduler asked."""
+        lines = [jobs.script_line(self.card(row.job_id)) if row.state == "RUNNING" and self.card(row.job_id)
+                 else row.last_log_line for row in table.itertuples()]
+        return table.assign(last_log_line=lines)
+
+
+def _ended_row(card: jobs.JobCard) -> dict | None:
+    """A job that has left the queue: its final state, elapsed time and last line; None while it is not known to
+    have ended (just submitted, or the scheduler does not answer)."""
+    try:
+        outcome = jobs.card_outcome(card)
+    except (jobs.SchedulerError, OSError):
+        return None
+    if not outcome.finished:
+        return None
+    return dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed,
+                time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason="",
+                last_log_line=jobs.script_line(card) if card.log_path().exists() else "", reason_detail="")
+
+
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     start, last_text, last = time.time(), None, job_table(name, job_ids)
-    cards = _local_cards(job_ids)
+    cards, watched = _local_cards(job_ids), _Watched(job_ids)
     while True:
         table = job_table(name, job_ids)
-        text = table.drop(columns=["elapsed"]).to_string(index=False) if len(table) else "no job left in the queue"
+        shown = watched.rows(table).drop(columns=["elapsed", "reason_detail"])
+        text = shown.to_string(index=False) if len(shown) else "no job left in the queue"
+        if table.empty and len(shown):
+            text = "no job left in the queue; how they ended:\n" + text
         if text != last_text:
             print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
             last_text = text
@@ -202,27 +318,50 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
 
 
 STYLE = """<style>
-.dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; }
-.dlokit-queue th, .dlokit-queue td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+.dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; width: 100%; }
+.dlokit-queue th, .dlokit-queue td { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: left;
+  vertical-align: top; }
 .dlokit-queue th { background: #f0f0f0; }
 .dlokit-queue td { white-space: nowrap; }
-.dlokit-queue td:last-child { white-space: normal; max-width: 60ch; overflow-wrap: anywhere; }
-.dlokit-state-RUNNING { color: #1a7f37; font-weight: bold; }
+.dlokit-queue td:last-child, .dlokit-queue th:last-child { white-space: normal; overflow-wrap: anywhere; width: 100%; }
+.dlokit-queue span[title] { text-decoration: underline dotted; cursor: help; }
+.dlokit-state-RUNNING, .dlokit-state-COMPLETED { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
 .dlokit-state-NO_ANSWER { color: #cf222e; font-weight: bold; }
+.dlokit-state-FAILED, .dlokit-state-TIMEOUT, .dlokit-state-OUT_OF_MEMORY, .dlokit-state-NODE_FAIL,
+.dlokit-state-UNKNOWN { color: #cf222e; font-weight: bold; }
 </style>"""
+SAID = "last log line / reason"  # a waiting job has a reason and no line yet, a running one a line: one column
+
+
+def _text(value) -> str:
+    return "" if value is None or (isinstance(value, float) and pd.isna(value)) else html.escape(str(value))
+
+
+def _said(row) -> str:
+    """The reason (the whole of it on hover) over the last log line."""
+    reason, detail = _text(row.reason), _text(getattr(row, "reason_detail", ""))
+    if reason and detail and detail != reason:
+        reason = f'<span title="{detail}">{reason}</span>'
+    return "<br>".join(text for text in (reason, _text(row.last_log_line)) if text)
 
 
 def _table_html(table: pd.DataFrame, name: str | None) -> str:
     title = f"jobs named <b>{html.escape(name)}</b>" if name else "my jobs"
     if table.empty:
         return f"<p>{title}: none left in the queue ({time.strftime('%H:%M:%S')})</p>"
-    shown = table.assign(state=[f'<span class="dlokit-state-{html.escape(s)}">{html.escape(s)}</span>'
-                                for s in table["state"]])
-    for column in shown.columns.drop("state"):
-        shown[column] = shown[column].map(lambda value: html.escape(str(value)))
+    queued = table["state"].isin(jobs.ACTIVE).any()
+    heading = (f"{title} at {time.strftime('%H:%M:%S')} (refreshing)" if queued else
+               f"{title}: none left in the queue ({time.strftime('%H:%M:%S')}); how they ended:")
+    shown = pd.DataFrame({column: table[column].map(_text) for column in
+                          ("job_id", "name", "elapsed", "time_limit", "node_list")})
+    shown.insert(2, "state", [f'<span class="dlokit-state-{_text(s)}">{_text(s)}</span>' for s in table["state"]])
+    shown[SAID] = [_said(row) for row in table.itertuples()]
     body = shown.to_html(index=False, escape=False, classes="dlokit-queue", border=0)
-    return f"{STYLE}<p>{title} at {time.strftime('%H:%M:%S')} (refreshing)</p>{body}"
+    return f"{STYLE}<p>{heading}</p>{body}"
+
+
+LINE_REFRESH_S = 1.0  # between two refreshes of the queue, how often the running jobs' last lines are read again
 
 
 def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
@@ -230,15 +369,16 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     from IPython.display import display
     from jupyter_ui_poll import ui_events
 
-    board = widgets.HTML()
-    buttons = widgets.HBox()
-    box = widgets.VBox([board, buttons])
+    board = widgets.HTML(layout=widgets.Layout(width="100%"))
+    buttons = widgets.HBox(layout=widgets.Layout(flex_flow="row wrap"))
+    box = widgets.VBox([board, buttons], layout=widgets.Layout(width="100%"))
     box.add_class("dlokit-queue-widget")
     display(box)
     cancelled: set[str] = set()
 
-    def cancel_button(job_id):
-        button = widgets.Button(description=f"cancel {job_id}", button_style="danger", icon="times")
+    def cancel_button(job_id, label):
+        button = widgets.Button(description=f"cancel {label}", tooltip=f"cancel job {job_id}", button_style="danger",
+                                icon="times", layout=widgets.Layout(width="auto"))
 
         def on_click(_):
             button.disabled = True
@@ -249,15 +389,17 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
         return button
 
     start, last = time.time(), job_table(name, job_ids)
-    cards = _local_cards(job_ids)
+    cards, watched = _local_cards(job_ids), _Watched(job_ids)
     shown_ids: list[str] = []
     with ui_events() as process_clicks:
         while True:
             table = job_table(name, job_ids)
-            board.value = _table_html(table, name)
+            rows = watched.rows(table)
+            board.value = _table_html(rows, name)
             ids = [i for i in table["job_id"] if i not in cancelled]
             if ids != shown_ids:
-                buttons.children = [cancel_button(i) for i in ids]
+                labels = distinct_ids(ids)
+                buttons.children = [cancel_button(i, labels[i]) for i in ids]
                 shown_ids = ids
             if table.empty:
                 buttons.children = []
@@ -267,4 +409,18 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
                 board.value += f"<p><b>{html.escape(timeout_message(table, timeout_s))}</b></p>"
                 return table
             last = table
-            _pause(timestep, cards, on_tick=lambda: process_clicks(5))
+            _pause(timestep, cards, on_tick=_ticker(process_clicks, board, watched, rows, name))
+
+
+def _ticker(process_clicks, board, watched: _Watched, rows: pd.DataFrame, name):
+    """What the watch does while it waits for the next refresh: the cancel buttons' clicks, and every
+    LINE_REFRESH_S the running jobs' last lines (a job that prints its progress is seen progressing)."""
+    shown = {"at": time.time()}
+
+    def tick():
+        process_clicks(5)
+        if time.time() - shown["at"] >= LINE_REFRESH_S:
+            board.value = _table_html(watched.fresh_lines(rows), name)
+            shown["at"] = time.time()
+
+    return tick
