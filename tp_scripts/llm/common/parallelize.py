@@ -138,6 +138,8 @@ def apply_data_parallel(parallel, dims, mesh, args, device):
 @contextmanager
 def _fsdp_gradient_sync(model, enabled: bool):
     """Without sync FSDP2 keeps each block's whole gradients, adding up the micro-batches', and reduce-scatters them
-    once, after the last: one reduce-scatter a step instead of one a micro-batch, for unsharded gradients meanwhile."""
-    model.set_requires_gradient_sync(enabled)
+    once, after the last: one reduce-scatter a step instead of one a micro-batch, for unsharded gradients meanwhile.
+    (A model left unsharded, TP4.2's TODO untouched, has nothing to hold back.)"""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
     yield
