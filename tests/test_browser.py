@@ -129,3 +129,94 @@ def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-edit-link.png"), full_page=False)
         assert "train_classifier.py" in editor.inner_text()
         page.context.browser.close()
+
+
+PROGRESS = """import sys, time
+steps, pause = int(sys.argv[1]), float(sys.argv[2])
+for step in range(1, steps + 1):
+    print(f"step {step}/{steps} loss {2.3 / step:.3f}", flush=True)
+    time.sleep(pause)
+"""
+OUTPUT_WIDTH = 968  # the notebook's output area on a laptop's screen, as issue 49 saw it
+
+
+def queue_notebook(folder: Path) -> Path:
+    """Two jobs of one student: the first runs ~12 s printing its progress, the second waits for it."""
+    script = folder / "progress.py"
+    script.write_text(PROGRESS)
+    cells = [
+        ["import os\n", f"os.environ['DLOKIT_LOCK_DIR'] = {str(folder / 'locks')!r}  # this test's devices only\n",
+         "import dlokit"],
+        [f"ids = dlokit.gpu_jobs_submitter([{f'{script} 24 0.5'!r}, {f'{script} 3 0.2'!r}], n_gpu=1, name='stud7',\n",
+         "                                 time_max='00:05:00', wait=False, verbose=False)\n",
+         "dlokit.display_slurm_queue('stud7', timestep=5, job_ids=ids)"],
+        ["# the end"]]
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": c}
+                          for c in cells],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    path = folder / "course" / "notebooks" / "queue_fit.ipynb"
+    path.write_text(json.dumps(notebook))
+    return path
+
+
+MEASURE = """() => {
+  const widget = document.querySelector('.dlokit-queue-widget');
+  const output = widget.closest('.jp-OutputArea-output');
+  const box = output.getBoundingClientRect();
+  const rows = [...widget.querySelectorAll('table.dlokit-queue tbody tr')].map(tr => {
+    const cells = [...tr.querySelectorAll('td')];
+    const last = cells[cells.length - 1].getBoundingClientRect();
+    return {state: cells[2].innerText, said: cells[cells.length - 1].innerText,
+            title: (cells[cells.length - 1].querySelector('[title]') || {title: ''}).title,
+            elapsed: cells[3].innerText, inside: last.width > 0 && last.right <= box.right + 0.5 && last.left >= box.left};
+  });
+  const table = widget.querySelector('table.dlokit-queue').getBoundingClientRect();
+  return {width: output.clientWidth, scroll: output.scrollWidth, table: table.right - box.left, rows,
+          buttons: [...widget.querySelectorAll('button')].map(b => b.innerText.trim())};
+}"""
+
+
+def test_the_queue_fits_a_968_px_output_and_shows_progress(jupyterlab, tmp_path):
+    """Issue 49: a pending job queued behind a running one; the table fits the output (no horizontal scroll), the
+    running job's last line is on screen, the waiting one says in a few words whose job it waits for (the whole
+    reason on hover) and how long it has waited, the cancel buttons differ, and the table left when the watch ends
+    keeps each job's last line."""
+    from playwright.sync_api import sync_playwright
+
+    url, token = jupyterlab
+    notebook = queue_notebook(tmp_path)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        page = new_page(playwright)
+        page.goto(f"{url}/lab/tree/notebooks/{notebook.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        wait_for_one_kernel(page, f"{url}/api/kernels?token={token}")
+        run_cells(page, 0, 2, 3)
+        page.wait_for_function("() => { const w = document.querySelector('.dlokit-queue-widget');"
+                               " return w && /PENDING/.test(w.innerText) && /RUNNING/.test(w.innerText)"
+                               " && /step \\d+\\/24/.test(w.innerText); }", timeout=180_000)
+        width = page.evaluate(MEASURE)["width"]
+        page.set_viewport_size({"width": 1400 + OUTPUT_WIDTH - width, "height": 1000})
+        page.wait_for_timeout(1500)  # a line refresh at the new width
+        seen = page.evaluate(MEASURE)
+        page.locator(".dlokit-queue-widget").screenshot(path=str(ARTIFACTS / "jupyterlab-queue-968.png"))
+        # the widget clips what overflows it, so the output area never scrolls: the table itself must fit
+        assert seen["width"] == OUTPUT_WIDTH and seen["scroll"] <= seen["width"] and seen["table"] <= seen["width"], seen
+        running = next(row for row in seen["rows"] if row["state"] == "RUNNING")
+        waiting = next(row for row in seen["rows"] if row["state"] == "PENDING")
+        assert running["said"].startswith("step ") and running["inside"], seen
+        assert waiting["said"].startswith("waits for") and "your job" in waiting["said"], seen
+        assert waiting["inside"] and "free device(s)" in waiting["title"] and len(waiting["said"]) < 70, seen
+        assert len(seen["buttons"]) == 2 and len(set(seen["buttons"])) == 2, seen
+        page.wait_for_timeout(2000)
+        later = next(row for row in page.evaluate(MEASURE)["rows"] if row["state"] == "PENDING")
+        assert later["elapsed"] > waiting["elapsed"], (waiting, later)  # its wait counted as it goes
+        page.wait_for_function(
+            "() => document.querySelector('.dlokit-queue-widget').innerText.includes('none left')", timeout=180_000)
+        final = page.evaluate(MEASURE)
+        page.locator(".dlokit-queue-widget").screenshot(path=str(ARTIFACTS / "jupyterlab-queue-968-ended.png"))
+        assert [(row["state"], row["said"]) for row in final["rows"]] == [
+            ("COMPLETED", "step 24/24 loss 0.096"), ("COMPLETED", "step 3/3 loss 0.767")], final
+        page.context.browser.close()

@@ -275,11 +275,23 @@ class _Watched:
             return table
         return ended if table.empty else pd.concat([table, ended], ignore_index=True)
 
-    def fresh_lines(self, table: pd.DataFrame) -> pd.DataFrame:
-        """The table with each running job's last line read again: its log file, no scheduler asked."""
+    def fresh(self, table: pd.DataFrame, since: float) -> pd.DataFrame:
+        """The table `since` s after the scheduler was asked: each running job's last line read again (its log
+        file) and the queued jobs' elapsed times moved on."""
         lines = [jobs.script_line(self.card(row.job_id)) if row.state == "RUNNING" and self.card(row.job_id)
                  else row.last_log_line for row in table.itertuples()]
-        return table.assign(last_log_line=lines)
+        elapsed = [_later(row.elapsed, since) if row.state in ("PENDING", "RUNNING") else row.elapsed
+                   for row in table.itertuples()]
+        return table.assign(last_log_line=lines, elapsed=elapsed)
+
+
+def _later(elapsed: str, seconds: float) -> str:
+    """An HH:MM:SS time `seconds` later (Slurm's other forms, 1-02:03:04 or 3:04, as they are)."""
+    parts = str(elapsed).split(":")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return elapsed
+    hours, minutes, secs = map(int, parts)
+    return jobs.hms(hours * 3600 + minutes * 60 + secs + seconds)
 
 
 def _ended_row(card: jobs.JobCard) -> dict | None:
@@ -318,12 +330,12 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
 
 
 STYLE = """<style>
-.dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; width: 100%; }
-.dlokit-queue th, .dlokit-queue td { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: left;
-  vertical-align: top; }
-.dlokit-queue th { background: #f0f0f0; }
-.dlokit-queue td { white-space: nowrap; }
-.dlokit-queue td:last-child, .dlokit-queue th:last-child { white-space: normal; overflow-wrap: anywhere; width: 100%; }
+table.dlokit-queue { border-collapse: collapse; font-family: monospace; font-size: 12px; width: 100%; }
+table.dlokit-queue thead th, table.dlokit-queue tbody td { padding: 2px 8px; border-bottom: 1px solid #ddd;
+  text-align: left; vertical-align: top; white-space: nowrap; }
+table.dlokit-queue thead th { background: #f0f0f0; }
+table.dlokit-queue tbody td:last-child, table.dlokit-queue thead th:last-child { white-space: normal;
+  overflow-wrap: anywhere; width: 100%; }
 .dlokit-queue span[title] { text-decoration: underline dotted; cursor: help; }
 .dlokit-state-RUNNING, .dlokit-state-COMPLETED { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
@@ -331,7 +343,9 @@ STYLE = """<style>
 .dlokit-state-FAILED, .dlokit-state-TIMEOUT, .dlokit-state-OUT_OF_MEMORY, .dlokit-state-NODE_FAIL,
 .dlokit-state-UNKNOWN { color: #cf222e; font-weight: bold; }
 </style>"""
-SAID = "last log line / reason"  # a waiting job has a reason and no line yet, a running one a line: one column
+# a waiting job has a reason and no line yet, a running one a line: one column. The selectors name the table
+# (table.dlokit-queue thead th): pandas' DataFrame outputs style every ".dataframe thead th" of the page
+SAID = "last log line / reason"
 
 
 def _text(value) -> str:
@@ -369,7 +383,7 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     from IPython.display import display
     from jupyter_ui_poll import ui_events
 
-    board = widgets.HTML(layout=widgets.Layout(width="100%"))
+    board = widgets.HTML()
     buttons = widgets.HBox(layout=widgets.Layout(flex_flow="row wrap"))
     box = widgets.VBox([board, buttons], layout=widgets.Layout(width="100%"))
     box.add_class("dlokit-queue-widget")
@@ -414,13 +428,14 @@ def _watch_widget(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
 
 def _ticker(process_clicks, board, watched: _Watched, rows: pd.DataFrame, name):
     """What the watch does while it waits for the next refresh: the cancel buttons' clicks, and every
-    LINE_REFRESH_S the running jobs' last lines (a job that prints its progress is seen progressing)."""
-    shown = {"at": time.time()}
+    LINE_REFRESH_S the running jobs' last lines and the elapsed times (a job's progress is seen as it prints)."""
+    asked = shown = time.time()
 
     def tick():
+        nonlocal shown
         process_clicks(5)
-        if time.time() - shown["at"] >= LINE_REFRESH_S:
-            board.value = _table_html(watched.fresh_lines(rows), name)
-            shown["at"] = time.time()
+        if time.time() - shown >= LINE_REFRESH_S:
+            shown = time.time()
+            board.value = _table_html(watched.fresh(rows, shown - asked), name)
 
     return tick
