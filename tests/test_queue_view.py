@@ -140,3 +140,4 @@ def test_a_job_that_ends_between_two_refreshes_still_shows_its_last_line(workspa
     queue.display_slurm_queue("quick", timestep=0.2, job_ids=ids)
     printed = capsys.readouterr().out
     assert "how they ended" in printed and "COMPLETED" in printed and "step 3/3 loss 0.767" in printed, printed
+    assert printed.rstrip().endswith("no job left in the queue"), printed

@@ -314,9 +314,9 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     while True:
         table = job_table(name, job_ids)
         shown = watched.rows(table).drop(columns=["elapsed", "reason_detail"])
-        text = shown.to_string(index=False) if len(shown) else "no job left in the queue"
-        if table.empty and len(shown):
-            text = "no job left in the queue; how they ended:\n" + text
+        text = shown.to_string(index=False) if len(shown) else ""
+        if table.empty:  # last: a reader of the output waits for this line
+            text = ("how they ended:\n" + text + "\n" if text else "") + "no job left in the queue"
         if text != last_text:
             print(time.strftime("%H:%M:%S"), text, sep="\n", flush=True)
             last_text = text
