@@ -104,3 +104,122 @@ def test_a_notebook_with_the_hub_default_nickname_names_its_student(tmp_path):
     cell["source"][1] = 'NICKNAME = os.environ.get("USER", "alice")\n'  # not the hub's variable: no nickname
     path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     assert notebook_nickname(path) is None
+
+
+# ---- a class at a glance: several students' records, written as the training scripts write them -----------------
+
+# TP2.3's run without find_unused_parameters, as PyTorch words it (the record's error) and as the job's log ends
+UNUSED = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This "
+          "error indicates that your module has parameters that were not used in producing loss.\n"
+          "Parameter indices which did not receive grad for rank 0: 24 25 26\n"
+          " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to "
+          "print out information about which particular parameters did not receive gradient on this rank")
+UNUSED_LOG_TAIL = ("[rank0]: Parameter indices which did not receive grad for rank 0: 24 25 26\n"
+                   "[rank0]:  In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO")
+
+
+def record(runs: Path, run_id: str, student: str, tp: str, status: str | None = "completed", error: str = "",
+           minute: int = 0) -> str:
+    """A rank-0 run record (run.json, metrics, and the summary unless the run is still going)."""
+    rank = runs / run_id / "rank0"
+    rank.mkdir(parents=True)
+    (rank / "run.json").write_text(json.dumps(
+        {"schema": 1, "run_id": run_id, "name": student, "tag": tp, "script": "train_classifier.py", "argv": [],
+         "rank": 0, "world_size": 1, "started_at": f"2026-11-28T10:{minute:02d}:00+0000", "config": {},
+         "hardware": {}, "measurement": {}}))
+    (rank / "metrics.jsonl").write_text("")
+    if status:
+        (rank / "summary.json").write_text(json.dumps({"status": status, "run_id": run_id, "rank": 0,
+                                                       "wall_time_s": 30.0, **({"error": error} if error else {})}))
+    return run_id
+
+
+def day_check(job_ids, expected, states, monkeypatch) -> CheckResult:
+    """checks.day_jobs as the day's last cell runs it, on these jobs' states."""
+    from dlokit.checks.glance import day_jobs
+    from dlokit.submission import jobs
+
+    monkeypatch.setattr(jobs, "job_outcome", lambda job: jobs.Outcome(job, states[job], cause=UNUSED))
+    return day_jobs(job_ids, expected=expected)
+
+
+@pytest.fixture
+def class_of_four(tmp_path, monkeypatch):
+    runs, notebooks = tmp_path / "runs", tmp_path / "notebooks"
+    notebooks.mkdir()
+    alice = [record(runs, "a11", "alice", "TP1.1"), record(runs, "a12", "alice", "TP1.2"),
+             record(runs, "a23x", "alice", "TP2.3", "failed", UNUSED), record(runs, "a23y", "alice", "TP2.3")]
+    record(runs, "b11", "bob", "TP1.1")
+    record(runs, "b12a", "bob", "TP1.2", "failed", "ValueError: --batch-size must be at least 2", minute=1)
+    record(runs, "b12b", "bob", "TP1.2", "failed", "ValueError: --batch-size must be at least 2", minute=2)
+    record(runs, "c11", "carol", "TP1.1")
+    record(runs, "c23x", "carol", "TP2.3", "failed", UNUSED)  # she has not reached the day's check yet
+    record(runs, "d12a", "dave", "TP1.2", "failed", "ValueError: --lr must be positive", minute=1)
+    record(runs, "d12b", "dave", "TP1.2", minute=2)  # fixed it: not stuck
+    record(runs, "d11", "dave", "TP1.1", status=None)  # still running
+    states = {"a11": "COMPLETED", "a12": "COMPLETED", "a23x": "FAILED", "a23y": "COMPLETED"}
+    executed_notebook(notebooks / "day2_alice.ipynb", "alice",
+                      [CheckResult("TP2.3 unused parameters", "passed", "without the flag DDP stopped"),
+                       day_check(alice, {"a23x": "FAILED"}, states, monkeypatch)])
+    executed_notebook(notebooks / "day1_carol.ipynb", "carol",
+                      [CheckResult("TP1.1 model and batches on the device", "failed", "the model stayed on the CPU")])
+    return runs, notebooks
+
+
+def test_the_class_at_a_glance_a_grid_who_is_stuck_where_and_on_what(class_of_four):
+    runs, notebooks = class_of_four
+    jobs, checks = classroom.gather(runs, notebooks=[notebooks])
+    table = classroom.summary(jobs, checks)
+    grid = classroom.class_grid(table)
+    assert list(grid.columns) == ["TP1.1", "TP1.2", "TP2.3", "other"]
+    assert grid.loc["alice"].tolist() == ["✅", "✅", "✅", "✅"]  # TP2.3's failure was by design
+    assert grid.loc["bob"].tolist() == ["✅", "❌", "·", "·"]
+    assert grid.loc["carol"].tolist() == ["❌", "·", "❌", "·"]
+    assert grid.loc["dave"].tolist() == ["⏳", "✅", "·", "·"]
+    rows = {(row.student, row.tp): row for row in table.itertuples()}
+    assert (rows[("alice", "TP2.3")].failed, rows[("alice", "TP2.3")].by_design) == (0, 1)
+    assert (rows[("carol", "TP2.3")].failed, rows[("carol", "TP2.3")].by_design) == (1, 0)
+
+    blocked = classroom.stuck(table)
+    assert blocked[["tp", "student"]].values.tolist() == [["TP1.1", "carol"], ["TP1.2", "bob"], ["TP2.3", "carol"]]
+    causes = blocked["stuck_on"].tolist()
+    assert causes[0] == "check TP1.1 model and batches on the device: the model stayed on the CPU"
+    assert causes[1] == "job b12b failed: ValueError: --batch-size must be at least 2"
+    assert causes[2].startswith("job c23x failed: RuntimeError: Expected to have finished reduction")
+    assert "In addition" not in causes[2]
+
+    text = classroom.report_text(table)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120, max(lines, key=len)
+    assert lines[3].split() == ["student", "TP1.1", "TP1.2", "TP2.3", "other"]  # the grid first
+    assert lines[4].split() == ["alice", "✅", "✅", "✅", "✅"] and text.index("student") < text.index("stuck (3)")
+
+    page = classroom.report_html(table, jobs=classroom.job_detail(jobs))
+    assert page.index("dlokit-grid") < page.index("Stuck (3)") < page.index("Each job")
+    assert '<span class="mark stuck" title="carol, TP2.3: job c23x failed: RuntimeError: Expected' in page
+    assert "failed (by design)" in page and "In addition" in page.split("Each job")[1]  # the whole cause on hover
+
+
+def test_a_failure_s_cause_is_what_went_wrong_not_the_traceback_s_tail():
+    def job(state, cause, error=""):
+        return classroom._job("alice", "TP2.3", "1128-1", state, cause, None, error=error)
+
+    assert classroom.headline(job("FAILED", UNUSED_LOG_TAIL, UNUSED)).startswith("RuntimeError: Expected to have")
+    tail = "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 3\n[rank0]: " + UNUSED
+    assert classroom.headline(job("FAILED", tail)).startswith("RuntimeError: Expected to have finished")
+    argparse = "usage: train_classifier.py [-h]\ntrain_classifier.py: error: --batch-size must be at least 2"
+    assert classroom.headline(job("FAILED", argparse)) == "train_classifier.py: error: --batch-size must be at least 2"
+    oom = "out of memory: peak 900 MB, against the limit of 800 MB per task\nMemoryError: ..."
+    assert classroom.headline(job("OUT_OF_MEMORY", oom)).startswith("out of memory: peak 900 MB")
+    killed = "step 3\nkilled by a signal (SIGKILL): not cancelled through the kit"
+    assert classroom.headline(job("FAILED", killed)) == killed.splitlines()[-1]
+
+
+def test_a_class_of_thirty_reads_in_a_terminal(tmp_path):
+    tps = [f"TP{day}.{k}" for day, count in ((1, 6), (2, 5), (3, 6), (4, 8)) for k in range(1, count + 1)]
+    jobs = {f"{s}-{tp}": classroom._job(f"student{s:02d}", tp, f"{s}-{tp}", "COMPLETED", "", None)
+            for s in range(30) for tp in tps + ["race"]}
+    text = classroom.report_text(classroom.summary(jobs, []))
+    assert max(len(line) for line in text.splitlines()) <= 120
+    assert all(f"student{s:02d}" in text for s in range(30)) and all(tp in text for tp in tps)
+    assert len(text.splitlines()) < 120  # two blocks of the grid, then the totals: not one line per student x TP

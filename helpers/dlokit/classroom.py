@@ -6,8 +6,10 @@
     python -m dlokit.classroom board [--profile NAME] [--publish]          # the leaderboard, checked for the students
     dlokit.classroom.class_report(runs_dir, logs_dir=..., notebooks=[...])   # the same table, in a notebook cell
 
-One row per student x TP: the check results (✅/❌/➖, from the executed notebooks' stored outputs), the jobs,
-the failures with their causes, GPU-hours and energy. Where each comes from:
+First a students x TPs grid (✅ done, ❌ stuck, ➖ not applicable here, ⏳ running, · not started) and who is stuck
+where, on what cause; then each job (its state and cause). The DataFrame, class_report(), has one row per student x
+TP: the check results (✅/❌/➖, from the executed notebooks' stored outputs), the jobs, the failures with their
+causes, GPU-hours and energy. Where each comes from:
 
 * student: the job name the notebook submitted with (its NICKNAME): run records' `name`, job cards' `name`,
   and a notebook's `NICKNAME = "..."` line (its default, `os.environ.get("JUPYTERHUB_USER", ...)`, counts as
@@ -21,6 +23,11 @@ the failures with their causes, GPU-hours and energy. Where each comes from:
   from the run record's status and error. Every file is the student's own: nothing is unpickled, only regular
   files are read (a FIFO, a device or a symbolic link is refused and named in the student's row), and a job
   card counts only for the folder it lies in;
+* by design: a job a notebook meant to fail (TP2.3's run without find_unused_parameters, TP4.2's DDP out of
+  memory: the notebooks pass `expected=` to checks.day_jobs) is counted by design, not failed, once the day's
+  check has said so (its "job J: STATE (as TP meant)" lines in the executed notebook, for that student's jobs);
+* a failure's cause: the line that says what went wrong (the exception's message, not the hints printed under it),
+  from the run record's error first, else from the scheduler's word (dlokit.job_outcome);
 * GPU-hours and energy: dlokit.in_job.energy (elapsed x devices; NVML, RAPL or n/a).
 """
 from __future__ import annotations
@@ -33,7 +40,9 @@ import re
 import stat
 import sys
 import time
+import unicodedata
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -41,22 +50,33 @@ import pandas as pd
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
 from .in_job.energy import jobs_usage
-from .submission.jobs import BadCard, card_outcome, load_card, record_refused
+from .submission.jobs import SILENT_END, BadCard, card_outcome, load_card, record_refused
 from .analysis.race_history import SEGMENT, base_id
 
 UNTAGGED, OTHER = "untagged", "other"
 ENDED_WELL = ("COMPLETED", "completed")
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "running or killed")
-COLUMNS = ["student", "tp", "checks", "checks_passed", "checks_failed", "jobs", "completed", "failed", "running",
-           "failures", "gpu_hours", "energy_wh", "energy"]
+COLUMNS = ["student", "tp", "status", "stuck_on", "checks", "checks_passed", "checks_failed", "jobs", "completed",
+           "failed", "by_design", "running", "failures", "gpu_hours", "energy_wh", "energy"]
 TP_NAME = re.compile(r"TP\d+\.\d+")
+DONE, STUCK, NOT_APPLICABLE, RUNNING, NOT_STARTED = "✅", "❌", "➖", "⏳", "·"
+LEGEND = f"{DONE} done  {STUCK} stuck  {NOT_APPLICABLE} not applicable here  {RUNNING} running  {NOT_STARTED} not started"
 
 
 # ---- what each source says ---------------------------------------------------------------------------------
 
-def _job(student, tp, job_id, state, cause, usage) -> dict:
+def _job(student, tp, job_id, state, cause, usage, submitted=0.0, error="") -> dict:
+    """One job: `cause` the scheduler's word (or the record's error), `error` the run record's own."""
     return {"student": student or "(no name)", "tp": tp or UNTAGGED, "job_id": job_id, "state": state,
-            "cause": cause, "usage": usage}
+            "cause": cause, "usage": usage, "submitted": submitted, "error": error, "by_design": False}
+
+
+def _unix(stamp) -> float:
+    """A run record's started_at (ISO 8601) as seconds; 0 when it says none."""
+    try:
+        return datetime.fromisoformat(str(stamp)).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
@@ -74,7 +94,8 @@ def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
         state, cause = last.summary.get("status") or last.state, last.error or ""
         if state == "checkpointed":
             cause = f"checkpointed on {last.summary.get('signal')} at step {last.summary.get('steps')}, not resumed"
-        found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, state, cause, jobs_usage(runs))
+        found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, state, cause, jobs_usage(runs),
+                             _unix(first.info.get("started_at")), last.error or "")
     return found
 
 
@@ -108,6 +129,7 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
             job = jobs[card.job_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
         if job["student"] == "(no name)":  # its run record was not read: the card names the student
             job["student"] = card.name
+        job["submitted"] = card.submitted_at if isinstance(card.submitted_at, (int, float)) else job["submitted"]
         job["state"], job["cause"] = state, cause or job["cause"]
         if job["tp"] == UNTAGGED and card.extra.get("tag"):
             job["tp"] = card.extra["tag"]
@@ -190,24 +212,90 @@ def checks_from_notebooks(paths) -> list[dict]:
             tp = TP_NAME.match(name)
             status = result.get("status")
             rows.append({"student": student or "(no name)", "tp": tp.group(0) if tp else OTHER, "check": name,
-                         "status": status, "mark": result.get("mark") or MARKS.get(status, "?"), "notebook": path.name})
+                         "status": status, "mark": result.get("mark") or MARKS.get(status, "?"), "notebook": path.name,
+                         "message": str(result.get("message", "")), "details": result.get("details") or []})
     return rows
+
+
+# what checks.day_jobs says of a job that ended as its TP meant (expected=...): "job J: FAILED (as TP meant)"
+MEANT = re.compile(r"job (?P<job>\S+): (?P<state>\S+) \(as TP meant\)$")
+
+
+def mark_by_design(jobs: dict[str, dict], checks: list[dict]) -> None:
+    """Each job of a student that their day check said ended as its TP meant is by design."""
+    for check in checks:
+        for line in check["details"] if isinstance(check["details"], list) else []:
+            meant = MEANT.match(str(line))
+            job = jobs.get(meant["job"]) if meant else None
+            if job and job["student"] == check["student"] and job["state"] not in ACTIVE:
+                job["by_design"] = True
 
 
 # ---- the report -------------------------------------------------------------------------------------------
 
-def _cause_line(job: dict) -> str:
-    cause = (job["cause"] or "").strip().splitlines()
-    return f"{job['job_id']} {job['state']}" + (f": {cause[-1][:160]}" if cause else "")
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torch.distributed's prefix on each line a rank printed
+EXCEPTION_LINE = re.compile(r"^([A-Za-z_]\w*\.)*[A-Z]\w*(Error|Exception|Interrupt|Exit)\b")
+WRAPPERS = ("submitit.core.utils.FailedJobError", "FailedJobError", "subprocess.CalledProcessError")  # whole stderr
+ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
+KIT_WORDED = ("OUT_OF_MEMORY", "TIMEOUT", "CANCELLED", "NODE_FAIL")  # job_outcome's cause starts with what happened
+SIGNALLED = ("killed by a signal", SILENT_END)  # job_outcome writes how the job ended last
 
 
-def class_report(runs_dir, logs_dir=None, notebooks=()) -> pd.DataFrame:
-    """The table: one row per student x TP (see the module's docstring for where each column comes from)."""
+def _lines(text) -> list[str]:
+    return [RANK_PREFIX.sub("", line).strip() for line in str(text or "").splitlines() if line.strip()]
+
+
+def headline(job: dict) -> str:
+    """The line of a job's cause that says what went wrong: the exception's message (a RuntimeError's first line,
+    not the hints printed under it; the run record's error first), argparse's error, how the kit saw the job end;
+    else the cause's last line."""
+    cause = _lines(job["cause"])
+    if cause and (job["state"] in KIT_WORDED or cause[-1].startswith(SIGNALLED)):
+        return cause[0] if job["state"] in KIT_WORDED else cause[-1]
+    lines = _lines(job["error"]) + cause
+    said = [line for line in lines if EXCEPTION_LINE.match(line) and not line.startswith(WRAPPERS)]
+    said = said or [line for line in lines if ARGPARSE_ERROR.match(line)]
+    return said[0] if said else (cause or lines or [""])[-1]
+
+
+def _failed(job: dict) -> bool:
+    return job["state"] not in ENDED_WELL and job["state"] not in ACTIVE and not job["by_design"]
+
+
+def _status(jobs: list[dict], checks: list[dict]) -> tuple[str, str]:
+    """One student's mark for one TP, and what they are stuck on: a failed check, else (no check yet) their
+    latest job when it failed."""
+    failed_checks = [c for c in checks if c["status"] == "failed"]
+    if failed_checks:
+        return STUCK, f"check {failed_checks[-1]['check']}: {failed_checks[-1]['message']}"
+    if any(job["state"] in ACTIVE for job in jobs):
+        return RUNNING, ""
+    if checks:
+        return (DONE if any(c["status"] == "passed" for c in checks) else NOT_APPLICABLE), ""
+    latest = max(jobs, key=lambda job: (job["submitted"], job["job_id"]), default=None)
+    if latest is not None and _failed(latest):
+        return STUCK, f"job {latest['job_id']} {latest['state']}: {headline(latest)}"
+    return (DONE if jobs else NOT_STARTED), ""
+
+
+def gather(runs_dir, logs_dir=None, notebooks=()) -> tuple[dict[str, dict], list[dict]]:
+    """Every job (by id) and every check result of the class, the jobs failed by design marked so."""
     runs_dir = Path(runs_dir)
     jobs = jobs_from_records(runs_dir)
     if logs_dir is not None:
         add_outcomes(jobs, Path(logs_dir), runs_dir)
     checks = checks_from_notebooks(notebooks)
+    mark_by_design(jobs, checks)
+    return jobs, checks
+
+
+def class_report(runs_dir, logs_dir=None, notebooks=()) -> pd.DataFrame:
+    """The table: one row per student x TP (see the module's docstring for where each column comes from)."""
+    return summary(*gather(runs_dir, logs_dir, notebooks))
+
+
+def summary(jobs: dict[str, dict], checks: list[dict]) -> pd.DataFrame:
+    """One row per student x TP of these jobs and check results."""
     groups = defaultdict(lambda: {"jobs": [], "checks": []})
     for job in jobs.values():
         groups[(job["student"], job["tp"])]["jobs"].append(job)
@@ -215,20 +303,22 @@ def class_report(runs_dir, logs_dir=None, notebooks=()) -> pd.DataFrame:
         group = groups[(check["student"], check["tp"])]["checks"]
         group[:] = [c for c in group if c["check"] != check["check"]] + [check]
     rows = []
-    for (student, tp), group in sorted(groups.items()):
+    for (student, tp), group in sorted(groups.items(), key=lambda item: (item[0][0], _tp_key(item[0][1]))):
         done = group["jobs"]
-        failed = [j for j in done if j["state"] not in ENDED_WELL and j["state"] not in ACTIVE]
+        failed = [j for j in done if _failed(j)]
         usages = [j["usage"] for j in done if j["usage"] is not None]
         usage = sum(usages[1:], usages[0]) if usages else None
         energy_known = usage is not None and usage.energy_wh is not None and len(usages) == len(done)
+        status, stuck_on = _status(done, group["checks"])
         rows.append({
-            "student": student, "tp": tp,
+            "student": student, "tp": tp, "status": status, "stuck_on": stuck_on,
             "checks": "; ".join(f"{c['mark']} {c['check']}" for c in group["checks"]),
             "checks_passed": sum(c["status"] == "passed" for c in group["checks"]),
             "checks_failed": sum(c["status"] == "failed" for c in group["checks"]),
             "jobs": len(done), "completed": sum(j["state"] in ENDED_WELL for j in done),
-            "failed": len(failed), "running": sum(j["state"] in ACTIVE for j in done),
-            "failures": " | ".join(_cause_line(j) for j in failed),
+            "failed": len(failed), "by_design": sum(j["by_design"] for j in done),
+            "running": sum(j["state"] in ACTIVE for j in done),
+            "failures": " | ".join(f"{j['job_id']} {j['state']}: {headline(j)}" for j in failed),
             "gpu_hours": round(usage.gpu_hours or 0.0, 6) if usage else 0.0,
             "energy_wh": usage.energy_wh if energy_known else None,
             "energy": usage.energy_text if energy_known else ("n/a" if done else ""),
@@ -236,42 +326,179 @@ def class_report(runs_dir, logs_dir=None, notebooks=()) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _tp_key(tp: str) -> tuple:
+    """TP1.2 before TP1.10 before TP2.1; then race, other, untagged."""
+    numbers = re.fullmatch(r"TP(\d+)\.(\d+)", tp)
+    return (0, int(numbers[1]), int(numbers[2]), "") if numbers else (1, 0, 0, tp)
+
+
+def class_grid(table: pd.DataFrame, cells: pd.Series | None = None, empty: str = NOT_STARTED) -> pd.DataFrame:
+    """Students x TPs: each student's mark for each TP (or `cells`, one per row of the table); `empty` where the
+    student has nothing for that TP yet."""
+    if table.empty:
+        return pd.DataFrame()
+    grid = table.assign(cell=table["status"] if cells is None else cells).pivot(index="student", columns="tp",
+                                                                                  values="cell")
+    return grid[sorted(grid.columns, key=_tp_key)].fillna(empty)
+
+
+def stuck(table: pd.DataFrame) -> pd.DataFrame:
+    """Who is stuck where, on what: one row per student x TP marked ❌, by TP (where the class stumbles)."""
+    rows = table[table["status"] == STUCK][["tp", "student", "stuck_on"]]
+    return rows.sort_values(["tp", "student"], key=lambda c: c.map(_tp_key) if c.name == "tp" else c,
+                            ignore_index=True)
+
+
+def job_detail(jobs: dict[str, dict]) -> pd.DataFrame:
+    """One row per job: its student, TP, state (by design or not) and cause, its GPU-hours and energy."""
+    rows = [{"student": j["student"], "tp": j["tp"], "job_id": j["job_id"], "state": j["state"],
+             "by_design": j["by_design"], "cause": headline(j) if j["state"] not in ENDED_WELL else "",
+             "whole_cause": "\n".join(t for t in (j["error"], j["cause"]) if t),
+             "gpu_hours": round(j["usage"].gpu_hours or 0.0, 6) if j["usage"] else 0.0,
+             "energy": j["usage"].energy_text if j["usage"] and j["usage"].energy_wh is not None else "n/a"}
+            for j in sorted(jobs.values(), key=lambda j: (j["student"], _tp_key(j["tp"]), j["submitted"], j["job_id"]))]
+    return pd.DataFrame(rows, columns=["student", "tp", "job_id", "state", "by_design", "cause", "whole_cause",
+                                       "gpu_hours", "energy"])
+
+
+# ---- the report, in a terminal ------------------------------------------------------------------------------
+
+TEXT_WIDTH = 120
+
+
+def _width(text: str) -> int:
+    """Columns a terminal gives this text (✅ and ❌ take two)."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 0 if unicodedata.combining(ch) else 1
+               for ch in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _width(text))
+
+
+def _cut(text: str, width: int = TEXT_WIDTH) -> str:
+    return text if _width(text) <= width else text[:width - 1] + "…"
+
+
+def grid_lines(grid: pd.DataFrame, width: int = TEXT_WIDTH) -> list[str]:
+    """The grid as text, in blocks of TP columns that fit `width`."""
+    if grid.empty:
+        return []
+    first = max(_width(str(s)) for s in [*grid.index, "student"]) + 2
+    widths = {tp: max(_width(tp), 2) + 2 for tp in grid.columns}
+    blocks, block = [], []
+    for tp in grid.columns:
+        if block and first + sum(widths[t] for t in block) + widths[tp] > width:
+            blocks.append(block)
+            block = []
+        block.append(tp)
+    lines = []
+    for block in [*blocks, block]:
+        lines.append(_pad("student", first) + "".join(_pad(tp, widths[tp]) for tp in block))
+        lines += [_pad(_cut(str(student), first - 2), first) + "".join(_pad(grid.at[student, tp], widths[tp])
+                                                                         for tp in block) for student in grid.index]
+        lines.append("")
+    return [line.rstrip() for line in lines]
+
+
+def per_student(table: pd.DataFrame) -> pd.DataFrame:
+    """Each student's totals over the TPs."""
+    counts = ["checks_passed", "checks_failed", "jobs", "completed", "failed", "by_design", "running", "gpu_hours"]
+    totals = table.groupby("student")[counts].sum()
+    totals["stuck"] = table[table["status"] == STUCK].groupby("student")["tp"].agg(", ".join)
+    return totals.fillna({"stuck": ""}).reset_index()
+
+
+def report_text(table: pd.DataFrame, width: int = TEXT_WIDTH) -> str:
+    """The report for a terminal, no line past `width`: the grid first, then who is stuck on what, then each
+    student's totals (each job's detail: --html)."""
+    if table.empty:
+        return "no run, job or check found"
+    lines = [_headline_line(table), LEGEND, ""] + grid_lines(class_grid(table), width)
+    blocked = stuck(table)
+    lines.append(f"stuck ({len(blocked)}):" if len(blocked) else "nobody stuck")
+    lines += [_cut(f"  {row.tp:<7} {row.student:<10} {row.stuck_on}", width) for row in blocked.itertuples()]
+    totals = per_student(table)
+    with pd.option_context("display.max_colwidth", 30, "display.width", width):
+        lines += ["", "per student:", *[_cut(line, width) for line in totals.to_string(index=False).splitlines()]]
+    return "\n".join(lines)
+
+
+def _headline_line(table: pd.DataFrame) -> str:
+    return (f"{table['student'].nunique()} student(s), {int(table['jobs'].sum())} job(s), "
+            f"made {time.strftime('%Y-%m-%d %H:%M:%S')}")
+
+
+# ---- the report, as a page --------------------------------------------------------------------------------
+
+MARK_CLASS = {DONE: "done", STUCK: "stuck", NOT_APPLICABLE: "na", RUNNING: "running", NOT_STARTED: "none"}
 STYLE = """<style>
 body { font-family: sans-serif; margin: 1.5em; }
 table.dlokit-class { border-collapse: collapse; font-size: 13px; }
 table.dlokit-class th, table.dlokit-class td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: left;
   vertical-align: top; }
-table.dlokit-class th { background: #f0f0f0; }
+table.dlokit-class thead th { background: #f0f0f0; }
+table.dlokit-grid td { padding: 1px 2px; text-align: center; }
+.mark { display: inline-block; min-width: 2.4em; text-align: center; border-radius: 3px; padding: 2px 0; }
+.mark.done { background: #dafbe1; } .mark.stuck { background: #ffcecb; } .mark.na { background: #eaeef2; }
+.mark.running { background: #fff8c5; } .mark.none { color: #8c959f; }
 td.bad { color: #cf222e; }
+span[title] { cursor: help; }
 </style>"""
 
 
-def report_html(table: pd.DataFrame, title: str = "DLO-Kit class report") -> str:
-    """A whole HTML page of the table (the instructor opens it in a browser; it names when it was made)."""
-    shown = table.copy()
-    shown["gpu_hours"] = shown["gpu_hours"].map(lambda v: f"{v:.3g}")
-    shown = shown.drop(columns=["energy_wh"])
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
-    body = []
-    for row in shown.itertuples(index=False):
-        cells = []
-        for column, value in zip(shown.columns, row):
-            bad = (column in ("failed", "checks_failed") and value) or (column == "failures" and value)
-            cells.append(f"<td{' class=bad' if bad else ''}>{html.escape(str(value))}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    students = table["student"].nunique() if len(table) else 0
-    jobs = int(table["jobs"].sum()) if len(table) else 0
+def _escaped(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every cell, index and column name as text safe in HTML (the students wrote them)."""
+    shown = frame.map(lambda value: html.escape(str(value)))
+    shown.index = [html.escape(str(i)) for i in frame.index]
+    shown.columns = [html.escape(str(c)) for c in frame.columns]
+    return shown
+
+
+def _mark(mark: str, title: str) -> str:
+    return f'<span class="mark {MARK_CLASS.get(mark, "none")}" title="{html.escape(title)}">{mark}</span>'
+
+
+def _grid_html(table: pd.DataFrame) -> str:
+    cells = [_mark(row.status, f"{row.student}, {row.tp}: " + (row.stuck_on or row.checks or f"{row.jobs} job(s)"))
+             for row in table.itertuples()]
+    grid = class_grid(table.assign(student=table["student"].map(html.escape), tp=table["tp"].map(html.escape)),
+                      pd.Series(cells, index=table.index), _mark(NOT_STARTED, "not started"))
+    return grid.rename_axis(index=None, columns=None).to_html(escape=False, classes="dlokit-class dlokit-grid",
+                                                               border=0)
+
+
+def _jobs_html(detail: pd.DataFrame) -> str:
+    shown = _escaped(detail.drop(columns=["whole_cause", "by_design"]))
+    shown["state"] = [state + (" (by design)" if meant else "") for state, meant in zip(shown["state"],
+                                                                                        detail["by_design"])]
+    shown["cause"] = [f'<span title="{html.escape(whole)}">{html.escape(_cut(cause, 240))}</span>' if cause else ""
+                      for cause, whole in zip(detail["cause"], detail["whole_cause"])]
+    return shown.to_html(index=False, escape=False, classes="dlokit-class", border=0)
+
+
+def report_html(table: pd.DataFrame, title: str = "DLO-Kit class report", jobs: pd.DataFrame | None = None) -> str:
+    """A whole HTML page (the instructor opens it in a browser; it names when it was made): the students x TPs grid,
+    who is stuck where on what, then each job (`jobs`: job_detail's table)."""
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p>{html.escape(_headline_line(table)) if len(table) else 'no run, job or check found'}</p>"]
+    if len(table):
+        blocked = stuck(table)
+        parts += [f"<p>{html.escape(LEGEND)}</p>", _grid_html(table),
+                  f"<h2>Stuck ({len(blocked)})</h2>",
+                  blocked.to_html(index=False, classes="dlokit-class", border=0) if len(blocked) else "<p>nobody</p>"]
+    if jobs is not None and len(jobs):
+        parts += ["<h2>Each job</h2>", _jobs_html(jobs)]
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{STYLE}</head>"
-            f"<body><h1>{html.escape(title)}</h1><p>{students} student(s), {jobs}"
-            f" job(s), made {time.strftime('%Y-%m-%d %H:%M:%S')}</p>"
-            f"<table class='dlokit-class'><tr>{head}</tr>{''.join(body)}</table></body></html>")
+            f"<body>{''.join(parts)}</body></html>")
 
 
 def show(runs_dir, logs_dir=None, notebooks=()):
-    """For a notebook cell: the report as a styled table."""
+    """For a notebook cell: the report's page (the grid, who is stuck, each job)."""
     from IPython.display import HTML
 
-    return HTML(report_html(class_report(runs_dir, logs_dir, notebooks)))
+    jobs, checks = gather(runs_dir, logs_dir, notebooks)
+    return HTML(report_html(summary(jobs, checks), jobs=job_detail(jobs)))
 
 
 # ---- command line --------------------------------------------------------------------------------------------
@@ -333,7 +560,8 @@ def _board(profile: str | None, publish: bool) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlokit.classroom", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    report = sub.add_parser("report", help="per student x TP: checks, jobs, failures, GPU-hours, energy")
+    report = sub.add_parser("report", help="students x TPs at a glance, who is stuck on what; each job's state, "
+                                           "cause, GPU-hours and energy")
     report.add_argument("runs_dir", help="the class's runs folder (the profile's runs_dir)")
     report.add_argument("--logs", help="the log folder holding one folder per user (job cards: failures, causes)")
     report.add_argument("--notebooks", nargs="*", default=[],
@@ -370,12 +598,12 @@ def main(argv=None) -> int:
         print(f"python -m dlokit.classroom: error: --notebooks {', '.join(missing)}: no such file or folder",
               file=sys.stderr)
         return 2
-    table = class_report(runs, args.logs, args.notebooks)
-    with pd.option_context("display.max_colwidth", 60, "display.width", 200):
-        print(table.drop(columns=["energy_wh"]).to_string(index=False) if len(table) else "no run, job or check found")
+    jobs, checks = gather(runs, args.logs, args.notebooks)
+    table = summary(jobs, checks)
+    print(report_text(table))
     if args.html:
         try:
-            Path(args.html).write_text(report_html(table))
+            Path(args.html).write_text(report_html(table, jobs=job_detail(jobs)))
         except OSError as error:
             print(f"python -m dlokit.classroom: error: cannot write {args.html}: {error.strerror}", file=sys.stderr)
             return 2
