@@ -119,9 +119,9 @@ def test_the_check_passes_the_solution_and_fails_the_untouched_student(runs_dir,
 
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(runs_dir))
     dlokit.use_profile("local")
-    result = checks.day4.deepspeed_zero({1: "zero1", 2: "zero2", 3: "zero3"}, "single")
+    result = checks.deepspeed_zero({1: "zero1", 2: "zero2", 3: "zero3"}, "single")
     assert result.status == "passed", result
-    student = checks.day4.deepspeed_zero(["student-zero2"], "single")
+    student = checks.deepspeed_zero(["student-zero2"], "single")
     assert student.status == "failed" and "TODO TP4.8" in student.message, student
     assert summary(runs_dir, "student-zero2")["memory_bytes"]["optimizer"] == 0
     assert "TODO TP4.8" in STUDENT.read_text() and "engine.step()" not in STUDENT.read_text()
@@ -138,5 +138,5 @@ def test_without_a_compiler_the_run_says_why_it_skipped(runs_dir, monkeypatch):
     assert recorded["status"] == "skipped" and "/no/such/c++" in recorded["reason"], recorded
     monkeypatch.setenv("DLOKIT_RUNS_DIR", str(runs_dir))
     dlokit.use_profile("local")
-    result = checks.day4.deepspeed_zero(["zero2-no-compiler"], "single")
+    result = checks.deepspeed_zero(["zero2-no-compiler"], "single")
     assert result.status == "not applicable" and "C++ compiler" in result.message, result
