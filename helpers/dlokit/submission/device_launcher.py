@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -34,9 +35,9 @@ AUTO_MEM_FRACTION = 0.8  # mem = "auto": this share of the memory available when
 
 
 def _waiting_note(queue: DeviceQueue, since: float) -> dict:
-    busy = holders(queue.among, queue.root)
-    who = ", ".join(f"{d} ({n.get('user', 'a user')}'s job {n.get('name')}, pid {n.get('pid')})"
-                    for d, n in busy.items())
+    busy, me = holders(queue.among, queue.root), pwd.getpwuid(os.getuid()).pw_name  # the note is its owner's to read
+    who = ", ".join(f"{d} ({'your' if n.get('user') == me else n.get('user', 'a user') + chr(39) + 's'} job "
+                    f"{n.get('name')}, pid {n.get('pid')})" for d, n in busy.items())
     reason = f"waiting for {queue.need} free device(s) among {', '.join(queue.among)}"
     return {"since": since, "reason": reason + (f": in use by {who}" if who else ": earlier jobs go first")}
 
