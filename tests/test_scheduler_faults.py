@@ -171,7 +171,7 @@ def second_cluster(tmp_path):
 @needs_root
 def test_two_clusters_in_one_log_folder_never_mix_job_ids(slurm_cluster, second_cluster, workspace, monkeypatch):
     dlokit.use_profile("local-slurm")
-    first = submit(f"{SLEEP} 0", "twin-a")
+    first = submit(f"{SLEEP} 0", "twin")  # one name on both clusters: neither job's logs overwrite the other's
     dlokit.wait(first, timeout_s=120)
     started = subprocess.run(["bash", str(SLURM_SCRIPTS / "start.sh"), str(second_cluster)], capture_output=True,
                              text=True, timeout=300,
@@ -180,21 +180,22 @@ def test_two_clusters_in_one_log_folder_never_mix_job_ids(slurm_cluster, second_
     one_conf = os.environ["SLURM_CONF"]
     for key, value in _cluster_env(second_cluster).items():
         monkeypatch.setenv(key, value)
-    second = submit(f"{SLEEP} 0", "twin-b")
+    second = submit(f"{SLEEP} 0", "twin")
     assert second == first  # the same id, on another cluster
     dlokit.wait(second, timeout_s=120)
     here = jobs.current_cluster()
     card = jobs.find_card(second)
-    assert card.name == "twin-b" and card.cluster == here, card
-    assert [Path(p).parent.name for p in dlokit.search_log(contains=second)] == ["twin-b"]
+    assert card.name == "twin" and card.cluster == here, card
+    assert [Path(p).parent.name for p in dlokit.search_log(contains=second)] == [f"twin@{here}"]
     monkeypatch.setenv("SLURM_CONF", one_conf)
     assert jobs.current_cluster() != here
     card = jobs.find_card(first)
-    assert card.name == "twin-a" and card.cluster == jobs.current_cluster(), card
-    assert [Path(p).parent.name for p in dlokit.search_log(contains=first)] == ["twin-a"]
+    assert card.name == "twin" and card.cluster == jobs.current_cluster(), card
+    assert [Path(p).parent.name for p in dlokit.search_log(contains=first)] == [f"twin@{jobs.current_cluster()}"]
+    assert len(dlokit.search_log("twin")) == 2  # both jobs' logs kept
     assert dlokit.job_outcome(first).state == "COMPLETED"
     # a card of the other cluster never reads as this one's job
-    [other] = [jobs.load_card(p) for p in dlokit.current_profile().logs.glob(f"twin-b/{second}@*_job.json")]
+    [other] = [jobs.load_card(p) for p in dlokit.current_profile().logs.glob(f"twin@{here}/{second}@*_job.json")]
     assert jobs.card_outcome(other).state == "UNKNOWN" and "a job of Slurm cluster" in jobs.card_outcome(other).cause
 
 

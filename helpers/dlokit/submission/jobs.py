@@ -237,9 +237,9 @@ def all_cards(name: str | None = None, log_dir: Path | None = None) -> list[JobC
     """Every readable job card (of the jobs named `name`), oldest first; a broken card is left out
     (find_card says what is wrong with it)."""
     root = log_dir or current_profile().logs
-    pattern = f"{name}/*_job.json" if name else "*/*_job.json"
+    patterns = [f"{name}/*_job.json", f"{name}@*/*_job.json"] if name else ["*/*_job.json"]  # name@cluster: Slurm's
     cards = []
-    for path in sorted(root.glob(pattern)):
+    for path in sorted(path for pattern in patterns for path in root.glob(pattern)):
         try:
             cards.append(load_card(path))
         except BadCard:
@@ -260,6 +260,13 @@ def check_job_id(job_id) -> str:
 
 
 _clusters: dict[tuple, str] = {}  # ClusterName by (SLURM_CONF, its mtime): asked once per configuration
+
+
+def job_folder(profile, name: str) -> Path:
+    """Where a job's card and logs go: `<logs>/<name>`, on Slurm `<logs>/<name>@<cluster>` (another cluster's job of
+    the same name and id must not write over this one's logs)."""
+    cluster = current_cluster() if profile.backend == "slurm" else ""
+    return profile.logs / (f"{name}@{cluster}" if cluster else name)
 
 
 def current_cluster() -> str:

@@ -131,10 +131,11 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
     if verbose:
         _note_unread_by_instructors(profile)
     cards = [None] * len(specs)
+    cluster = jobs.current_cluster() if profile.backend == "slurm" else ""  # job ids are each cluster's own
     for batch in _batches(specs, layouts, profile.backend == "slurm"):
         indices, members = [i for i, _ in batch], [member for _, member in batch]
         spec, layout = members[0]
-        folder = profile.logs / spec.name
+        folder = jobs.job_folder(profile, spec.name)
         executor = _executor(profile, folder, layout, spec)
         python = profile.python or sys.executable
         local = profile.backend == "local"
@@ -145,7 +146,6 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                  for (s, _), run_id in zip(members, run_ids)]
         with _outside_this_job(), executor.batch():
             submitted = [executor.submit(task) for task in tasks]
-        cluster = jobs.current_cluster() if profile.backend == "slurm" else ""  # job ids are each cluster's own
         for index, (member, member_layout), job, run_id in zip(indices, members, submitted, run_ids):
             card = jobs.JobCard(job_id=run_id or str(job.job_id), native_id=str(job.job_id), name=member.name,
                                 backend=profile.backend, cluster=cluster,
