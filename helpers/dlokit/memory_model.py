@@ -239,7 +239,7 @@ def _deepspeed(config: dict) -> dict:
 def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
     """The estimate for a train_llm.py run, from its record's config (run.json): the model's shape,
     the global batch split over the data-parallel ranks, the degrees, the dtype and the options
-    (cuda: on a GPU, with the optimizer step's temporaries)."""
+    (cuda: on a GPU, with the optimizer step's temporaries, and FSDP2's CPU offload moving its shards to the host)."""
     shape = config["model"]
     dp = int(config.get("dp") or 1)
     data_parallel = config.get("data_parallel")
@@ -259,7 +259,8 @@ def estimate_for_run(config: dict, cuda: bool = False) -> MemoryBreakdown:
                     reshard_after_forward=not config.get("no_reshard_after_forward"),
                     sequence_parallel=bool(config.get("sequence_parallel")),
                     microbatches=microbatches * virtual, pp_schedule=config.get("pp_schedule") or "1f1b", cuda=cuda,
-                    grad_accum=int(config.get("grad_accum") or 1))
+                    grad_accum=int(config.get("grad_accum") or 1),
+                    cpu_offload=bool(config.get("cpu_offload")) and cuda)  # on a CPU the shards stay where they are
 
 
 # ---- the calculator ------------------------------------------------------------------------------
