@@ -174,3 +174,18 @@ def read_plot(job_id, runs_dir=None):
         ax.set(ylabel=label, title=title, xlabel="", yscale="log")
         ax.legend(title="workers", fontsize=7)
     return figure
+
+
+def control_flow_text(job_id, runs_dir=None) -> str:
+    """control_flow_table in words: what each variant gave on the branch its example did not take."""
+    return "\n".join(f"{row.variant}: on the other branch it gave " + (
+        "eager's answer" if row.same_as_eager_on_other_branch else
+        "NOT eager's answer (it replayed the branch of its example)")
+        for row in control_flow_table(job_id, runs_dir).itertuples())
+
+
+def startup_text(job_id, runs_dir=None) -> str:
+    """The compiler's one-off start-up that compile_bench.py timed before its variants; empty when it timed none."""
+    startup = load_run(job_id, runs_dir).summary.get("compiler_startup_s")
+    return (f"the compiler's one-off start-up (its modules, its first C++ build) took {startup:.1f} s, paid before "
+            "the variants; each variant's compile time below starts from an empty kernel cache") if startup else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dlokit.analysis import stats
+from dlokit.analysis.figures import new_figure
 from dlokit.analysis.run import load_runs
 from dlokit.analysis.table import runs_table
 
@@ -26,3 +27,17 @@ def dataloader_trials(runs, runs_dir=None) -> pd.DataFrame:
     columns.insert(columns.index("load_low") + 1, "load_high")
     trials = table[columns].rename(columns={"t_data": "load_s_per_step"})
     return trials.sort_values("load_s_per_step", na_position="last", kind="stable").reset_index(drop=True)
+
+
+def dataloader_plot(trials: pd.DataFrame):
+    """dataloader_trials' load time per step, a bar per trial with its 95 % interval."""
+    figure, axes = new_figure(size=(7, 3))
+    ax = axes[0, 0]
+    labels = [f"{r.run_id}\nw{r.workers} pin {bool(r.pin_memory)}\npf {r.prefetch_factor} pers {bool(r.persistent_workers)}"
+              for r in trials.itertuples()]
+    spread = [1000 * (trials["load_s_per_step"] - trials["load_low"]).clip(lower=0).fillna(0),
+              1000 * (trials["load_high"] - trials["load_s_per_step"]).clip(lower=0).fillna(0)]
+    ax.barh(labels, 1000 * trials["load_s_per_step"].fillna(0), xerr=spread, capsize=3, color="tab:purple")
+    ax.set(xlabel="load time per step (ms, median and 95 % interval), lower is better", title="DataLoader trials")
+    ax.invert_yaxis()
+    return figure

@@ -59,3 +59,19 @@ def figure_png_base64(figure: Figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_grid(dataset, rows: int = 1, columns: int = 8, by_class: bool = False) -> Figure:
+    """A few images of an ImageFolder with their class: spread over the set, or, `by_class`, one per class and
+    column (the first images of each class, row by row)."""
+    figure, axes = new_figure(rows, columns, size=(12, 0.5 + 1.4 * rows))
+    per_class = len(dataset) // max(1, len(dataset.classes))
+    spread = range(0, len(dataset), max(1, len(dataset) // (rows * columns)))
+    picked = [(k % columns) * per_class + k // columns for k in range(rows * columns)] if by_class else spread
+    for ax, index in zip(axes.flat, picked):
+        image, label = dataset[index]
+        ax.imshow(image)
+        ax.set_title(f"class {label}" if by_class else dataset.classes[label][-3:], fontsize=7 if by_class else 8)
+    for ax in axes.flat:
+        ax.axis("off")
+    return figure

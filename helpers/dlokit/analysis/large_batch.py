@@ -364,3 +364,63 @@ def kept_optimizer(tuned_jobs, range_test_jobs=(), runs_dir=None) -> tuple[dict,
     else:
         why = f"{name}: {said(best.run_id)}, above SGD's {said(sgd.run_id)} at the large batch"
     return {key: best.config[key] for key in RACE_KEYS if best.config.get(key) is not None}, why
+
+
+def curve_endings(jobs, batch_per_rank: int, epochs: int, classes: int = 10, runs_dir=None) -> str:
+    """TP2.2's short trainings on 1 and N ranks: each one's last validation top-1 with its 95 % interval, then what
+    the larger global batch did to it (or that neither left chance: too short to say anything)."""
+    from dlokit.analysis.table import runs_table
+
+    ends = runs_table(jobs, runs_dir)
+    top1 = {job: top1_estimate(job, runs_dir) for job in jobs}
+    lines = [f"{row.world_size} rank(s), global batch {row.world_size * batch_per_rank}: validation top-1 "
+             f"{top1[row.run_id].value:.3f} [{top1[row.run_id].low:.3f}–{top1[row.run_id].high:.3f}] after {epochs} "
+             "epochs" if top1[row.run_id].usable else f"{row.world_size} rank(s): no validation accuracy ({row.state})"
+             for row in ends.itertuples()]
+    one, many, chance = top1[jobs[0]], top1[jobs[-1]], 1 / classes
+    if one.usable and many.usable and max(one.value, many.value) <= chance + 0.05:
+        lines.append(f"this run: neither training got past chance ({chance:.2f}) in {int(ends['steps'].max())} steps "
+                     "or fewer: too short to say anything about accuracy; raise CURVE_EPOCHS or TRAIN_PER_CLASS for "
+                     "curves that teach")
+    elif one.usable and many.usable:
+        said = ("lower" if many.high < one.low else "higher" if many.low > one.high else
+                "within noise of one rank's (the 95 % intervals overlap)")
+        lines.append(f"this run: the larger global batch, with the same learning rate and epochs, ended {said} - Day 3 "
+                     "is about keeping accuracy when the global batch grows (learning-rate scaling, warm-up, LARS/LAMB)")
+    return "\n".join(lines)
+
+
+def tuning_labels(jobs, runs_dir=None) -> list[str]:
+    """How TP3.1's trainings were tuned, from their records: the base lr (at the base batch), an LR scaling rule
+    with a warm-up, or none (the small batch's lr at a larger batch)."""
+    labels = []
+    for run in load_runs(jobs, runs_dir):
+        scaling, batch, base = (run.config.get(k) for k in ("lr_scaling", "batch_size", "base_batch_size"))
+        labels.append("unknown (no record)" if batch is None else f"{scaling} scaling + warm-up"
+                      if scaling not in (None, "none") else "base lr" if batch == base else "none (small batch's lr)")
+    return labels
+
+
+OPTIMIZER_COLUMNS = ["run_id", "tuning", "optimizer", "optimizer_class", "global_batch", "lr_peak", "warmup_steps",
+                     "steps", "val_loss", "top1", "top1_low", "top1_high", "published_top1"]
+
+
+def optimizer_summary(job_ids, runs_dir=None) -> pd.DataFrame:
+    """TP3.1's table: optimizer_table with how each training was tuned and its top-1's 95 % interval."""
+    table = optimizer_table(job_ids, runs_dir)
+    table.insert(1, "tuning", tuning_labels(job_ids, runs_dir))
+    intervals = [top1_estimate(job, runs_dir) for job in job_ids]
+    table["top1_low"], table["top1_high"] = [e.low for e in intervals], [e.high for e in intervals]
+    summary = table[OPTIMIZER_COLUMNS].round(4)
+    summary.attrs = dict(table.attrs)
+    return summary
+
+
+def found_lrs(finder_job, optimizers, runs_dir=None) -> dict:
+    """suggested_lrs of TP3.2's range test, saying which of `optimizers` got none (not trained again)."""
+    found = suggested_lrs(finder_job, runs_dir)
+    skipped = [name for name in optimizers if name not in found]
+    if skipped:
+        print(f"no learning rate suggested for {', '.join(skipped)} (no descent seen, every trial diverged, or the "
+              "finder failed: the check above says which): not trained again")
+    return found

@@ -182,6 +182,11 @@ class BatchScan:
     def largest_fitting(self) -> int | None:
         return int(self.fits["batch_size"].max()) if not self.fits.empty else None
 
+    def busy_batch(self, default: int) -> int:
+        """The batch of a comparison that needs busy tensor cores: on a GPU the largest that fitted, on a CPU (or
+        when none fitted) `default`."""
+        return (self.largest_fitting or default) if self.on_gpu else default
+
     def __str__(self) -> str:
         lines = [f"out of memory from batch {self.oom['batch_size'].min()} on; the largest batch that fits: "
                  f"{self.largest_fitting or 'none'}" if not self.oom.empty else
@@ -209,6 +214,28 @@ class BatchScan:
         return "\n".join(lines)
 
 
-def batch_scan(jobs, sizes, states, on_gpu: bool, model_states_mib: float, runs_dir=None) -> BatchScan:
-    """The scan of `sizes` run as `jobs`, whose scheduler states are `states` (dlokit.job_outcome(j).state)."""
+def batch_scan(jobs, sizes, states=None, on_gpu: bool = False, model_states_mib: float = 0.0,
+               runs_dir=None) -> BatchScan:
+    """The scan of `sizes` run as `jobs`, whose scheduler states are `states` (None: each job's
+    dlokit.job_outcome(j).state)."""
+    if states is None:
+        from dlokit.submission.jobs import job_outcome
+
+        states = [job_outcome(job).state for job in jobs]
     return BatchScan(jobs, sizes, states, on_gpu, model_states_mib, runs_dir)
+
+
+def model_states(model: str, classes: int) -> pd.DataFrame:
+    """The memory of a torchvision model's training state in fp32, tensor by tensor (MiB); attrs["mib"]: weights,
+    gradients and SGD momentum, what stays whatever the batch. Prints the sum."""
+    import torchvision
+
+    parameters = sum(p.numel() for p in torchvision.models.get_model(model, num_classes=classes).parameters())
+    states = pd.DataFrame({
+        "tensor per parameter": ["weights", "gradients", "SGD momentum (this course)", "Adam m and v (for comparison)"],
+        "bytes each": [4, 4, 4, 8],
+    })
+    states["MiB"] = states["bytes each"] * parameters / 2**20
+    states.attrs["mib"] = states["MiB"].iloc[:3].sum()
+    print(f"{model}: {parameters:,} parameters -> weights + gradients + momentum = {states.attrs['mib']:.0f} MiB in fp32")
+    return states

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from dlokit.analysis import stats
 from dlokit.analysis.figures import message_figure, new_figure
+from dlokit.analysis.run import load_run, load_runs
 
 CATEGORIES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec", "Other")
 COLORS = dict(zip(CATEGORIES, ("tab:green", "tab:orange", "tab:olive", "tab:brown", "tab:red", "tab:purple",
@@ -341,3 +343,96 @@ def breakdown_pie(breakdowns, titles=None):
     if problems:
         figure.text(0.01, 0.0, "\n".join(problems), fontsize=8, color="dimgray")
     return figure
+
+
+def breakdowns_of(jobs, titles) -> dict:
+    """{title: profiler_breakdown} of each job's trace (TP1.4: one per batch size); a job without a usable trace
+    is said, and left out."""
+    breakdowns = {}
+    for job, title in zip(jobs, titles):
+        try:
+            table = profiler_breakdown(load_run(job).path / "profile")
+        except (OSError, ValueError) as error:
+            print(f"{title} (job {job}): no usable trace ({error})")
+            continue
+        breakdowns[title] = table
+        print(f"{title}: {table.attrs['step_ms']:.1f} ms per profiled step, trace {table.attrs['trace']}")
+    return breakdowns
+
+
+def breakdown_percents(breakdowns: dict) -> pd.DataFrame:
+    """Each breakdown's share of the step per category (%), one column per title (no column when none)."""
+    if not breakdowns:
+        return pd.DataFrame()
+    return pd.concat([t["percent"].rename(title) for title, t in breakdowns.items()], axis=1).round(1)
+
+
+def breakdown_pies(breakdowns: dict):
+    """breakdown_pie of breakdowns_of's tables, or what to do when no job left a trace."""
+    if not breakdowns:
+        return message_figure("no profiler trace yet: complete the TODO TP1.4 places and submit again",
+                              title="step-time breakdown")
+    return breakdown_pie(list(breakdowns.values()), titles=list(breakdowns))
+
+
+def measured_allreduce(run, traces, gradient_mib: float, active_steps: int = 2) -> pd.DataFrame:
+    """TP2.3: the collectives of a profiled DDP job's last trace, MiB per step and rank (`active_steps` profiled
+    steps), beside the gradients' `gradient_mib`; empty, with the reason said, when it cannot hold an all-reduce."""
+    if traces and run.world_size < 2:
+        print(f"job {run.run_id} ran one process: it hands nothing to another rank, so its trace holds no all-reduce "
+              "(DDP needs 2 or more; ask for more with n_gpu)")
+    elif not traces:
+        print(f"no trace for job {run.run_id} ({run.state}): the profiler part of the script (TP1.4) is needed here")
+    if not traces or run.world_size < 2:
+        return pd.DataFrame(columns=["collective", "MiB", "MiB per step"])
+    measured = collectives_in_trace(traces[-1])
+    measured["MiB per step"] = measured["MiB"] / active_steps
+    allreduce = measured.loc[measured["collective"] == "allreduce", "MiB per step"].sum()
+    print(f"measured all-reduce volume: {allreduce:.1f} MiB per step per rank "
+          f"(gradients: {gradient_mib:.1f} MiB; the rest are the small metric and checksum reductions)")
+    return measured
+
+
+def allreduce_cost(traces, by_size: dict) -> str:
+    """TP2.3: what a rank's step lost on the most ranks of TP2.2's runs (`by_size`: {world size: job ids}, same
+    batch per rank) against one, and the share the profiled job's exposed all-reduces explain."""
+    if not traces or len(by_size) < 2:
+        return "no trace or no multi-rank run: nothing to measure"
+    comm = communication_per_step(traces[-1])
+    ones, manys = load_runs(by_size[min(by_size)]), load_runs(by_size[max(by_size)])
+    step = stats.ratio(ones, manys, "t_step")  # each rank's step time, N ranks against 1
+    base_ms = 1000 * stats.estimate(ones, "t_step").value
+    lost = (base_ms * (step.value - 1), base_ms * (step.low - 1), base_ms * (step.high - 1))
+    return "\n".join([
+        f"a rank's step: {base_ms:.0f} ms alone, ×{step.value:.2f} [{step.low:.2f}–{step.high:.2f}] on "
+        f"{max(by_size)} ranks: {lost[0]:.0f} ms [{lost[1]:.0f}–{lost[2]:.0f}] more per step (TP2.2's runs)",
+        f"the profiled {max(by_size)}-rank job ({comm['steps']} steps, {comm['step_ms']:.0f} ms each): all-reduces "
+        f"ran {comm['comm_ms']:.0f} ms per step, {comm['exposed_ms']:.0f} ms of it with no computation beside them",
+        allreduce_share(comm["exposed_ms"], lost, profiled_step_ms=comm["step_ms"])])
+
+
+def ddp_buckets(sizes, cap_mb: float = 25, first_mb: float = 1) -> list[int]:
+    """Bucket sizes (bytes) the way DDP fills them: parameters in reverse order, the first bucket small."""
+    buckets, current, cap = [], 0, first_mb * 2**20
+    for size in reversed(sizes):
+        current += size
+        if current >= cap:
+            buckets.append(current)
+            current, cap = 0, cap_mb * 2**20
+    return buckets + ([current] if current else [])
+
+
+def gradient_traffic(model: str, process_counts, classes: int = 10) -> pd.DataFrame:
+    """TP2.3's expectation: a torchvision model's fp32 gradients, in DDP's buckets, and what a ring all-reduce
+    sends per rank and step on each process count; attrs["gradient_mib"]. Prints the buckets."""
+    import torchvision
+
+    network = torchvision.models.get_model(model, num_classes=classes)
+    sizes = [p.numel() * 4 for p in network.parameters() if p.requires_grad]
+    buckets, mib = ddp_buckets(sizes), sum(sizes) / 2**20
+    print(f"{model}: {mib:.1f} MiB of fp32 gradients per step, in {len(buckets)} buckets "
+          f"({', '.join(f'{b / 2**20:.1f}' for b in buckets)} MiB)")
+    table = pd.DataFrame([{"processes": n, "all-reduce calls per step": len(buckets),
+                           "MiB sent per rank per step (ring)": 2 * (n - 1) / n * mib} for n in process_counts])
+    table.attrs["gradient_mib"] = mib
+    return table

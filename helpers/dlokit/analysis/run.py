@@ -217,3 +217,14 @@ def load_runs(run_ids=None, runs_dir=None) -> list[Run]:
     elif isinstance(run_ids, (str, os.PathLike, Run)):
         run_ids = [run_ids]
     return [load_run(r, runs_dir) for r in run_ids]
+
+
+def ran_on_gpu(run_id_or_path, runs_dir=None) -> bool:
+    """Did this run have a GPU (its record's hardware)? What decides a day's GPU-only comparisons."""
+    return bool((load_run(run_id_or_path, runs_dir).info.get("hardware") or {}).get("gpu_count"))
+
+
+def arm_jobs(arms: dict, without=()) -> list:
+    """The job ids of the arms of a comparison ({label: [ids]}, as day.submit_arms returns them), in order, but
+    those of the labels in `without`."""
+    return [job for label, jobs in arms.items() if label not in without for job in jobs]

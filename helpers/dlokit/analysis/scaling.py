@@ -198,3 +198,25 @@ def _wrap(text: str, width: int = 90) -> list[str]:
     import textwrap
 
     return textwrap.wrap(text, width)
+
+
+def runs_by_size(runs, runs_dir=None) -> dict:
+    """{world size: [run ids]} of data-parallel runs, smallest first."""
+    by_size = {}
+    for run in load_runs(runs, runs_dir):
+        by_size.setdefault(run.world_size, []).append(run.run_id)
+    return dict(sorted(by_size.items()))
+
+
+def scaling_summary(runs, runs_dir=None) -> pd.DataFrame | None:
+    """scaling_table, said in words, when the runs make a scaling comparison of two sizes or more; else None,
+    with why (e.g. ranks that did not use DDP: no speed-up to show)."""
+    try:
+        table = scaling_table(runs, runs_dir)
+    except ScalingError as refused:
+        print(f"not a valid scaling comparison: {refused}")
+        return None
+    if len(table) < 2:
+        return None
+    print(table.attrs["kind_text"])
+    return table

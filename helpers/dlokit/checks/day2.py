@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from .framework import (FAILED, NOT_APPLICABLE, PASSED, check, failed, from_parts, not_applicable, part, passed,
-                        same_computation)
+from .framework import (CHECKS, FAILED, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, CheckResult, check, failed,
+                        from_parts, not_applicable, part, passed, same_computation, show)
 from .records import (compare_text, effect_part, hardware_words, ids, load, load_completed, observed, on_gpu,
                       why_not_finished)
 
@@ -263,3 +263,12 @@ def unused_parameters(without_id, with_id):
     return passed(f"without the flag DDP stopped at the step after a skipped block ({UNUSED_ERROR}); with "
                   f"--find-unused-parameters the same training completed, {fixed.summary['layer_drop_skipped']} "
                   "blocks skipped on rank 0", details)
+
+
+def sync_bn_or_why(job_ids, had_gpu: bool):
+    """sync_bn of TP2.3's BatchNorm and SyncBatchNorm trainings, or, where none ran, why: its 'not applicable'."""
+    if job_ids:
+        return sync_bn(job_ids)
+    why = ("one GPU: SyncBatchNorm synchronises the statistics of several ranks" if had_gpu else
+           "PyTorch runs SyncBatchNorm on GPUs only, and these jobs had none")
+    return show(CheckResult(CHECKS["sync_bn"], NOT_APPLICABLE, NOT_APPLICABLE_PREFIX + why))

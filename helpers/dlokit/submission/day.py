@@ -12,7 +12,9 @@ The cell -> helper -> script path is one hop each: `day.command` writes the comm
 from __future__ import annotations
 
 import json
+import math
 import numbers
+import os
 import shlex
 import shutil
 import subprocess
@@ -22,13 +24,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import week
+from . import devices, week
 from .jobspec import check_name
 from .profiles import Profile, use_profile
 from .submit import gpu_jobs_submitter
 
 REPO = Path(__file__).resolve().parents[3]
 DATA_MAKER = REPO / "data" / "make_synthetic_imagenet.py"
+FORMAT_CONVERTER = REPO / "data" / "convert_formats.py"
 
 
 def size(label: str, value) -> int:
@@ -52,6 +55,7 @@ class Day:
     refresh_s: float = 5.0
     carry_from: tuple = ()      # the earlier days whose choices every command starts from (dlokit.submission.week)
     submitted: list = field(default_factory=list)
+    ran: dict = field(default_factory=dict)  # (command, n_gpu) -> the job id that ran it: what submit(reuse=True) reuses
 
     @property
     def runs(self) -> Path:
@@ -90,29 +94,133 @@ class Day:
         folder = self.script.parent
         return folder / script if (folder / script).exists() else folder.parent / script
 
-    def submit(self, commands, n_gpu=1, wait: bool = True, tp: str | None = None, **options) -> list[str]:
+    def submit(self, commands, n_gpu=1, wait: bool = True, tp: str | None = None, reuse: bool = False,
+               **options) -> list[str]:
         """Submit (one job per command x GPU count), show the live queue until they end, return the ids.
-        `tp` ("TP1.2", "race") tags the jobs' records: the instructor's class report groups runs by it."""
-        ids = gpu_jobs_submitter(commands, n_gpu=n_gpu, name=self.nickname, time_max=self.time_max, wait=wait,
-                                 refresh_s=self.refresh_s, tag=tp, **options)
+        `tp` ("TP1.2", "race") tags the jobs' records: the instructor's class report groups runs by it.
+        `reuse`: a command this day ran already on as many GPUs is not run again; its job id comes back in its place
+        (Day 1's scans reuse the first job, or TP1.1's scan when the precision kept is fp32)."""
+        jobs = pairs(commands, n_gpu)
+        new = list(dict.fromkeys(job for job in jobs if job not in self.ran)) if reuse else jobs
+        if reuse and len(new) < len(jobs):
+            print("run already, not submitted again: " + ", ".join(
+                f"job {self.ran[job]}" for job in dict.fromkeys(jobs) if job not in new))
+        ids = gpu_jobs_submitter(new, name=self.nickname, time_max=self.time_max, wait=wait, refresh_s=self.refresh_s,
+                                 tag=tp, **options) if new else []
         self.submitted += ids
-        return ids
+        self.ran.update(zip(new, ids))
+        return [self.ran[job] for job in jobs] if reuse else ids
 
-    def submit_arms(self, arms: dict, repeats: int = 1, n_gpu: int = 1, tp: str | None = None, **options) -> dict:
+    def submit_arms(self, arms: dict, repeats: int = 1, n_gpu: int = 1, tp: str | None = None, reuse: bool = False,
+                    **options) -> dict:
         """Submit each command of `arms` ({label: command}, or {label: (command, n_gpu)}) `repeats` times,
         alternating (A B A B ...: on this machine's queue the jobs run in that order, so a drift of the machine
         over the minutes hits every arm alike; on Slurm, arms of one layout go as one array); show the queue
         until they end; return {label: [job ids]}, the arms that dlokit.analysis.compare_runs and
-        dlokit.lessons take."""
+        dlokit.lessons take. `reuse` (submit's) holds for one run per arm only: repeats alternate fresh runs."""
         if repeats < 1:
             raise ValueError(f"repeats must be 1 or more, got {repeats}")
         order = [label for _ in range(repeats) for label in arms]
         jobs = [arms[label] if isinstance(arms[label], tuple) else (arms[label], n_gpu) for label in order]
-        ids = self.submit(jobs, tp=tp, **options)
+        ids = self.submit(jobs, tp=tp, reuse=reuse and repeats == 1, **options)
         jobs = {label: [] for label in arms}
         for label, job in zip(order, ids):
             jobs[label].append(job)
         return jobs
+
+    # ---- the commands of the TPs ----------------------------------------------------------------
+    def scan(self, batches, *options, steps: int | None = None) -> list[str]:
+        """A batch scan's commands: `options` at each batch size of `batches`, in their order."""
+        return [self.command(*options, batch_size=batch, steps=steps) for batch in batches]
+
+    def device_sizes(self, on_gpu: bool, gpu_image_size: int | None, sweep: list, gpu_sweep: list) -> list:
+        """Day 1, once the first job showed its device: on a GPU the day's crop becomes `gpu_image_size` (a step
+        at a small crop is mostly kernel launches, and TP1.2-1.3 need busy tensor cores) and the scans take
+        `gpu_sweep`; on a CPU they take `sweep`. Says which; returns the scans' batch sizes."""
+        print("the job had a GPU" if on_gpu else "the job ran on CPU only: GPU-only effects are explained, not measured")
+        if on_gpu and gpu_image_size and gpu_image_size != self.image_size:
+            print(f"from the batch scan on, {gpu_image_size} px crops instead of {self.image_size} px: on a GPU a step "
+                  "this small is mostly kernel launches (TP1.4 shows it), and the effects of TP1.2 and TP1.3 need "
+                  "busy tensor cores")
+            self.image_size = gpu_image_size
+        return gpu_sweep if on_gpu else sweep
+
+    def precision_arms(self, on_gpu: bool, modes=None, batch_size: int | None = None) -> dict:
+        """TP1.2's commands, {precision: command}: fp32, TF32 on a GPU, then `modes` (None: fp16 and bf16 on a
+        GPU, bf16 on a CPU)."""
+        modes = modes or (["fp16", "bf16"] if on_gpu else ["bf16"])
+        precisions = ["fp32", *(["tf32"] if on_gpu else []), *modes]
+        return {name: self.command(*precision_options(name), batch_size=batch_size) for name in precisions}
+
+    def gpu_counts(self) -> list[int]:
+        """1, 2, 4 ... up to one node of the profile: the process counts of TP2.2's weak scaling."""
+        return [2**k for k in range(int(math.log2(self.profile.node_gpus())) + 1)]
+
+    def training(self, optimizer: str, lr, global_batch: int, base_batch: int, epochs: int, *options) -> str:
+        """A training of TP3.1-3.2: `optimizer` at `lr` (tuned at `base_batch`) with a cosine schedule, `epochs`
+        epochs at `global_batch`."""
+        return self.command("--optimizer", optimizer, "--lr", lr, "--lr-schedule", "cosine", "--base-batch-size",
+                            base_batch, *options, batch_size=global_batch, epochs=epochs)
+
+    def large_batch_trainings(self, optimizers, base_lr: dict, small_batch: int, large_batch: int,
+                              warmup_epochs: int, epochs: int) -> list[str]:
+        """TP3.1's trainings: SGD at the small batch (with --tensorboard), each optimiser at the large batch with
+        its LR scaling rule and a warm-up, then SGD at the large batch untuned (the small batch's lr, no warm-up)."""
+        small = self.training("sgd", base_lr["sgd"], small_batch, small_batch, epochs, "--tensorboard")
+        large = [self.training(name, base_lr[name], large_batch, small_batch, epochs, "--lr-scaling",
+                               lr_scaling(name), "--warmup-epochs", warmup_epochs) for name in optimizers]
+        return [small, *large, self.training("sgd", base_lr["sgd"], large_batch, small_batch, epochs)]
+
+    def found_lr_trainings(self, found_lrs: dict, large_batch: int, base_batch: int, warmup_epochs: int,
+                           epochs: int) -> list[str]:
+        """TP3.2's trainings: each optimiser at the large batch, at the lr its range test suggested ({name: lr}),
+        with a warm-up."""
+        return [self.training(name, f"{lr:.4g}", large_batch, base_batch, epochs, "--warmup-epochs", warmup_epochs)
+                for name, lr in found_lrs.items()]
+
+    def submit_sync_bn(self, on_gpu: bool, n_gpu: int, *options, epochs: int, tp: str | None = None) -> list[str]:
+        """TP2.3's short trainings with BatchNorm, then SyncBatchNorm, on `n_gpu` GPUs; none, and why, where
+        SyncBatchNorm has nothing to do (one GPU) or cannot run (CPU processes: PyTorch refuses it)."""
+        if on_gpu and n_gpu > 1:
+            return self.submit([self.command(*options, epochs=epochs), self.command(*options, "--sync-bn", epochs=epochs)],
+                               n_gpu=n_gpu, tp=tp)
+        print("one GPU here: SyncBatchNorm has no other rank to synchronise with, so no job is submitted; " if on_gpu
+              else "no GPU here: SyncBatchNorm cannot run on CPU processes (PyTorch refuses it), so no job is "
+              "submitted; ", "on a node of several GPUs this cell compares BatchNorm and SyncBatchNorm, speed and "
+              "accuracy", sep="")
+        return []
+
+    def whole_machine(self) -> dict:
+        """submit's options for a job that runs by itself and may use every core: on this machine's CPU all the
+        notebook's cores (a local job keeps to its device's share otherwise); elsewhere none."""
+        on_this_cpu = self.profile.backend == "local" and not devices.machine_devices()[0].startswith("gpu")
+        return {"cpus_per_task": len(os.sched_getaffinity(0))} if on_this_cpu else {}
+
+    def compile_bench(self, parts: str, variants: str, batch_size: int, steps: int) -> str:
+        """TP3.3's compile_bench.py at the day's model and crop; --fresh-cache: each compiled variant starts from an
+        empty kernel cache, so their compile times compare (a variant compiled after another would reuse its
+        kernels, and a second run of the cell would reuse the first's)."""
+        return self.command("--parts", parts, "--variants", variants, "--model", self.model, "--image-size",
+                            self.image_size, "--batch-size", batch_size, "--steps", steps, "--fresh-cache",
+                            script="compile_bench.py")
+
+    def submit_compile_ddp(self, parts: str, mode: str, batch_size: int, steps: int, tp: str | None = None) -> list:
+        """TP3.3's compile + DDP (torch.compile wraps the DDP-wrapped model) on 2 ranks, where a node has two devices
+        and `parts` names the model; else none, and why."""
+        if self.profile.node_gpus() > 1 and "model" in parts:
+            return self.submit(self.compile_bench("model", f"eager,compile-{mode}", batch_size, steps), n_gpu=2, tp=tp)
+        print("compile + DDP not run: " + ("one device only, it needs two" if self.profile.node_gpus() < 2 else
+                                           f"COMPILE_PARTS = {parts!r} leaves the model out"))
+        return []
+
+    def storage_formats(self) -> Path:
+        """TP3.4's formats of the day's data (webdataset, raw), converted once beside the run records, verified."""
+        folder = Path(self.runs) / f"formats-{Path(self.data).name}"
+        if not (folder / "manifest.json").exists():
+            subprocess.run([sys.executable, str(FORMAT_CONVERTER), "--src", self.data, "--out", str(folder),
+                            "--image-size", str(self.image_size)], check=True)
+        subprocess.run([sys.executable, str(FORMAT_CONVERTER), "--verify", str(folder)], check=True)
+        return folder
 
     # ---- what one day hands to the next (e.g. the batch size Day 1 chose) ----------------------
     @property
@@ -152,6 +260,40 @@ class Day:
             lines.append("  measurements run alone: every job asks Slurm for whole nodes (--exclusive), "
                          "so two measurements never share cores")
         return "\n".join(lines)
+
+
+PRECISION_OPTIONS = {"fp32": [], "tf32": ["--amp", "none", "--tf32"]}  # fp32: the script's default
+
+
+def precision_options(precision: str) -> list[str]:
+    """The training script's options of a precision of TP1.2: "fp32", "tf32", "fp16" or "bf16"."""
+    return PRECISION_OPTIONS.get(precision, ["--amp", precision])
+
+
+def compile_variants(modes) -> str:
+    """TP3.3's variants: each part runs those that apply to it (numpy* the function, fused the optimizer step,
+    compile-frozen inference, TorchScript all but the optimizer step)."""
+    return ",".join(["eager", "trace", "script", *(f"compile-{mode}" for mode in modes), "compile-frozen", "fused",
+                     "numpy", "numpy-compile"])
+
+
+def precision_notes(precision: str) -> dict:
+    """What Day 1 saves of a precision in the course notes (dlokit.submission.week: amp and tf32)."""
+    return {"amp": precision if precision in ("fp16", "bf16") else "none", "tf32": precision == "tf32"}
+
+
+def lr_scaling(optimizer: str) -> str:
+    """TP3.1's LR scaling rule: linear for the SGD family, square root for the adaptive optimisers."""
+    return "linear" if optimizer in ("sgd", "lars") else "sqrt"
+
+
+def pairs(commands, n_gpu=1) -> list[tuple[str, int]]:
+    """gpu_jobs_submitter's jobs as (command, GPU count) pairs: each command on each count of `n_gpu` (an int or a
+    list), a (command, n_gpu) pair on its own."""
+    commands = [commands] if isinstance(commands, str) else list(commands)
+    counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
+    return [job for item in commands for job in ([tuple(item)] if isinstance(item, tuple) else
+                                                 [(item, count) for count in counts])]
 
 
 def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, hard: bool = False,
