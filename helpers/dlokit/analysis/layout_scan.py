@@ -21,6 +21,7 @@ import pandas as pd
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.llm_memory import MIB, _measured, layout_need_mb
 from dlokit.analysis.run import COMPLETED, load_runs
+from dlokit.analysis.throughput import mfu_estimate, mfu_text, rate_text, tokens_per_s
 
 LAYOUTS = ("ddp", "fsdp")
 LEVERS = ("fsdp+ac", "fsdp+accum", "fsdp+offload")  # FSDP2 with one memory lever of train_llm.py each
@@ -97,10 +98,19 @@ def _last_step_s(run) -> float | None:
     return float(value.iloc[-1]) if len(value) else None
 
 
-def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=()) -> pd.DataFrame:
+def _speed(run, peak) -> dict:
+    """tokens/s and MFU of a run that fitted, each with its interval (analysis/throughput.py: the scan's one settled
+    step carries the run-to-run spread of this machine)."""
+    rate = tokens_per_s(run)
+    mfu, _ = mfu_estimate(run, peak)
+    return {"tokens_per_s": rate_text(rate), "mfu": mfu_text(mfu)}
+
+
+def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=(), peak=None) -> pd.DataFrame:
     """(ids, or Run objects already loaded) One row per run: layout, global batch, batch per rank, outcome ('fits', 'out of memory', or the run's state),
-    the limit per rank, MiB per rank measured (from the tensors, where it ran) and modelled, and the last step's time
-    where it fitted. levers: FSDP2 runs with a memory lever each (their layout says which)."""
+    the limit per rank, MiB per rank measured (from the tensors, where it ran) and modelled, and the last step's time,
+    tokens/s and MFU (with their 95 % intervals; `peak`: the measured peak MFU needs on a CPU) where it fitted.
+    levers: FSDP2 runs with a memory lever each (their layout says which)."""
     rows = []
     for expected, run_ids in (("ddp", ddp_ids), ("fsdp", fsdp_ids), ("fsdp", levers)):
         for run in load_runs(list(run_ids), runs_dir):
@@ -112,9 +122,10 @@ def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=()) -> pd.DataFrame:
                          "limit_mb": run.summary.get("memory_limit_mb") or run.config.get("memory_limit"),
                          "measured_mb": _busiest_mib(run) if outcome == "fits" else None,
                          "modelled_mb": _modelled_mib(run),
-                         "step_s": _last_step_s(run) if outcome == "fits" else None, "on_gpu": _on_gpu(run)})
+                         "step_s": _last_step_s(run) if outcome == "fits" else None,
+                         **(_speed(run, peak) if outcome == "fits" else {}), "on_gpu": _on_gpu(run)})
     columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb",
-               "step_s", "on_gpu"]
+               "step_s", "tokens_per_s", "mfu", "on_gpu"]
     return pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)
 
 

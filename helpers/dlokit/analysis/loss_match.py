@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.llm_memory import mode_label
 from dlokit.analysis.run import load_run, load_runs
+from dlokit.analysis.throughput import throughput_columns
 
 # |Δloss| below which a run counts as matching, by the compute dtype of the pair (the coarser one's). Measured on
 # Day 4's tiny config, 6 steps of text, 2 ranks (CPU, 2026-11-27): every correct layout differs from one process by
@@ -41,10 +42,12 @@ def _by_step(run, column: str) -> pd.Series:
     return data.drop_duplicates("step", keep="last").set_index("step")[column]
 
 
-def loss_match_table(runs, reference, runs_dir=None, tolerance: float | None = None) -> pd.DataFrame:
+def loss_match_table(runs, reference, runs_dir=None, tolerance: float | None = None, peak=None,
+                     throughput: bool = True) -> pd.DataFrame:
     """One row per run: steps compared, max |Δloss|, max relative Δ of the gradient norm (when both
     logged it), and `matched` (max |Δloss| <= tolerance over at least one step). tolerance None: that of the
-    runs' coarsest compute dtype (coarsest_dtype)."""
+    runs' coarsest compute dtype (coarsest_dtype). throughput: the runs' tokens/s and MFU with their 95 % intervals
+    (analysis/throughput.py; `peak`: the measured peak MFU needs on a CPU)."""
     ref = load_run(reference, runs_dir)
     ref_loss, ref_norm = _by_step(ref, "loss"), _by_step(ref, "grad_norm")
     runs = load_runs(runs, runs_dir)
@@ -65,6 +68,11 @@ def loss_match_table(runs, reference, runs_dir=None, tolerance: float | None = N
     columns = ["run_id", "mode", "world_size", "state", "steps_compared", "max_abs_dloss", "max_rel_dgrad_norm",
                "matched"]
     table = pd.DataFrame(rows, columns=columns)
+    if throughput and len(table):
+        speed = throughput_columns(runs, peak)
+        table["tokens_per_s"] = [speed.loc[r.run_id, "tokens_per_s"] for r in runs]
+        table["mfu"] = [speed.loc[r.run_id, "mfu"] for r in runs]
+        table.attrs["mfu_basis"] = "; ".join(sorted(set(speed["mfu_basis"])))
     table.attrs.update(reference=ref.run_id, tolerance=tolerance, dtype=dtype)
     return table
 

@@ -16,11 +16,13 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
+from scipy import stats
 
 from dlokit.analysis.figures import message_figure, new_figure
 from dlokit.analysis.llm_memory import mode_label
 from dlokit.analysis.run import load_run, load_runs
-from dlokit.analysis.stats import NO_ESTIMATE, Estimate, estimate, estimate_of_samples
+from dlokit.analysis.stats import (CONFIDENCE, NO_ESTIMATE, RUN_SPREAD, RUN_SPREAD_RUNS, WIDENED, Estimate, estimate,
+                                   estimate_of_samples)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,26 @@ def run_peak(run, peak: Peak | None) -> tuple[float | None, str]:
 
 
 def tokens_per_s(run) -> Estimate:
-    return estimate(run, "tokens_per_s")
+    """The median of the settled steps' tokens/s with its interval. One settled step (TP4.2's scan runs two steps
+    each) has no spread of its own: its interval is then the spread of one run of a command on this machine
+    (stats.RUN_SPREAD: two runs of one command differ by that much), and says so."""
+    value = estimate(run, "tokens_per_s")
+    if not math.isfinite(value.value) or value.low != value.high:
+        return value
+    half = math.exp(stats.t.ppf((1 + CONFIDENCE) / 2, RUN_SPREAD_RUNS - 1) * RUN_SPREAD)
+    return Estimate(value.value, value.value / half, value.value * half, value.runs, value.steps, WIDENED)
+
+
+def rate_text(rate: Estimate) -> str | None:
+    """'16,670 [15,110–18,190] tok/s' (3 significant digits at least)."""
+    if not math.isfinite(rate.value):
+        return None
+    number = lambda v: f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return f"{number(rate.value)} [{number(rate.low)}–{number(rate.high)}] tok/s"
+
+
+def mfu_text(mfu: Estimate) -> str | None:
+    return f"{100 * mfu.value:.2f} % [{100 * mfu.low:.2f}–{100 * mfu.high:.2f}]" if mfu.usable else None
 
 
 def mfu_estimate(run, peak: Peak | None) -> tuple[Estimate, str]:
@@ -101,9 +122,7 @@ def throughput_columns(runs, peak: Peak | None = None, runs_dir=None) -> pd.Data
     for run in load_runs(list(runs), runs_dir):
         rate = tokens_per_s(run)
         mfu, basis = mfu_estimate(run, peak)
-        rows[run.run_id] = {"tokens_per_s": rate.text("tok/s") if rate.usable or math.isfinite(rate.value) else None,
-                            "mfu": (f"{100 * mfu.value:.2f} % [{100 * mfu.low:.2f}–{100 * mfu.high:.2f}]"
-                                    if mfu.usable else None),
+        rows[run.run_id] = {"tokens_per_s": rate_text(rate), "mfu": mfu_text(mfu),
                             "tokens_per_s_value": rate.value, "tokens_per_s_low": rate.low,
                             "tokens_per_s_high": rate.high, "mfu_value": mfu.value, "mfu_basis": basis}
     return pd.DataFrame.from_dict(rows, orient="index")
@@ -125,9 +144,9 @@ def throughput_plot(runs, peak: Peak | None = None, runs_dir=None):
         high = rate.high - rate.value if math.isfinite(rate.high) else 0
         ax.bar(index, rate.value, yerr=[[low], [high]], color=f"C{index % 10}", capsize=4)
         if mfu.usable:
-            ax.annotate(f"MFU {100 * mfu.value:.1f} %", (index, rate.value), ha="center", va="bottom", fontsize=7,
-                        xytext=(0, 8), textcoords="offset points")
-        labels.append(f"{mode_label(run)}\n{run.world_size} rank{'s' * (run.world_size > 1)}")
+            ax.annotate(f"MFU {100 * mfu.value:.1f} %", (index, rate.value + high), ha="center", va="bottom",
+                        fontsize=7, xytext=(0, 3), textcoords="offset points")
+        labels.append(mode_label(run).replace(" ×", "\n×"))
     ax.set_xticks(range(len(runs)), labels, fontsize=8)
     batches = sorted({int(r.config.get("batch_size") or 0) for r in runs})
     ax.set(ylabel="tokens/s (95 % interval)",

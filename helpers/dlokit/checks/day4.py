@@ -1,11 +1,14 @@
 """Day 4 checks: memory per rank under ZeRO-1 and FSDP (TP4.1), FSDP2 sharding the model, DDP out of memory
 where FSDP fits and the largest batch of each (TP4.2), the pipeline bubble (TP4.3), tensor parallelism from
-scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6), DeepSpeed's ZeRO stages (TP4.8: checks.day4.deepspeed_zero)."""
+scratch (TP4.4), ring attention (TP4.5), loss match (TP4.6), DeepSpeed's ZeRO stages (TP4.8: checks.day4.deepspeed_zero), the planner's pick against
+the measured fastest (TP4.9)."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
-from .framework import FAILED, PASSED, Part, check, failed, from_parts, not_applicable, part, passed
+from .framework import FAILED, INFO, PASSED, Part, check, failed, from_parts, not_applicable, part, passed
 from .records import ids, load, load_last
 
 SHARDED = 0.75  # a sharded state per rank must be under this share of DDP's (ideal: 1/N, minus unsharded bits)
@@ -412,3 +415,54 @@ def deepspeed_zero(stage_ids, single_id):
     stages = ", ".join(p.name for p in parts if p.status == PASSED)
     return from_parts(parts, f"{stages}: each shards what its stage says, and follows the single process's loss",
                       details)
+
+
+@check("TP4.9 the planner's pick")
+def planner_pick(job_ids, chosen):
+    """Measured: the layout the planner ranks fastest (the first of `chosen`, planner.candidates, in the order its
+    jobs were submitted) is the fastest of the layouts run, within noise: no other layout's steps are shorter beyond
+    the 95 % interval of the ratio (one run each: its steps' interval widened by the run-to-run spread of this machine,
+    stats.ratio). The layout it predicts slow (the last) is either measured slower, or the check says plainly that this
+    machine cannot tell them apart. Both sentences keep their words from one course run to the next; the numbers are in
+    the parts."""
+    from dlokit.analysis.stats import ratio
+
+    runs, problem = _completed(job_ids)
+    if problem:
+        return problem
+    names = list(chosen["layout"])
+    if len(runs) != len(names) or len(runs) < 2:
+        return failed(f"pass the jobs of planner.candidates' {len(names)} layouts, in its order (got {len(runs)} jobs)")
+    steps = [_step_estimate(run) for run in runs]
+    if None in steps:
+        return failed("a run has no settled step to time: give its jobs more --steps (PLAN_STEPS)")
+    details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {s.text('ms')}"
+               for name, p, s in zip(names, chosen["step_s"], steps)]
+    fastest = min(range(len(runs)), key=lambda i: steps[i].value)
+    pick = names[0]
+    if fastest == 0:
+        within, how = True, f"{pick} measured fastest: {steps[0].text('ms')} a step"
+    else:
+        r = ratio(runs[fastest], runs[0], "t_step")
+        within = r.usable and r.low <= 1
+        how = f"{pick}'s step against {names[fastest]}'s: {r.text()} ({r.basis_text})"
+    first = part("fastest", PASSED if within else FAILED,
+                 f"the planner's pick, {pick}, is the fastest layout measured, within noise ({how})" if within else
+                 f"{names[fastest]} measured faster than the planner's pick, {pick} ({how}): the step model misses what "
+                 "makes it slower here (see the notes under the comparison table)")
+    slow_ratio = ratio(runs[0], runs[-1], "t_step")
+    predicted = float(chosen["step_s"].iloc[-1]) / float(chosen["step_s"].iloc[0])
+    slower = slow_ratio.usable and slow_ratio.low > 1
+    second = part("predicted slow", PASSED if slower else INFO,
+                  f"{names[-1]}, predicted ×{predicted:.1f} the pick's step, measured {slow_ratio.text()} of it"
+                  if slower else f"this machine cannot tell {names[-1]} from {pick} apart: predicted ×{predicted:.1f} "
+                  f"the pick's step, measured {slow_ratio.text()} ({slow_ratio.basis_text})")
+    return from_parts([first, second], f"the planner's pick, {pick}, is the fastest layout measured, within noise",
+                      details)
+
+
+def _step_estimate(run):
+    from dlokit.analysis.stats import estimate
+
+    value = estimate(run, "t_step")
+    return value if math.isfinite(value.value) else None

@@ -1,0 +1,117 @@
+"""The planner's predictions beside what its layouts' jobs measured: memory per rank and step time, with the ratio.
+
+    chosen = planner.candidates(plan_table)                # the layouts to run, in the order they were submitted
+    table = predicted_vs_measured(chosen, job_ids)         # per layout: predicted, measured, measured / predicted
+    table.attrs["notes"]                                   # where the model is wrong here, and why
+    comparison_plot(table)
+
+Memory: the memory model for the run's own config (memory_model.estimate_for_run) against the tensors the busiest rank
+held (train_llm.py's memory meter, as TP4.1 reads it). Step time: the step model (analysis/step_model.py) against the
+median of the run's settled steps (t_step: forward, backward and optimizer, no data loading), with its 95 % interval;
+the ratio's interval is the measurement's, divided by the prediction (a number, without an interval of its own).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from dlokit import memory_model
+from dlokit.analysis.figures import message_figure, new_figure
+from dlokit.analysis.llm_memory import MIB, _measured
+from dlokit.analysis.run import load_runs
+from dlokit.analysis.stats import estimate
+
+COLUMNS = ["layout", "run_id", "state", "predicted_rank", "memory_predicted_mib", "memory_measured_mib",
+           "memory_ratio", "step_predicted_ms", "step_measured_ms", "step_low_ms", "step_high_ms", "step_ratio",
+           "step_ratio_low", "step_ratio_high"]
+
+
+def _on_gpu(run) -> bool:
+    return run.config.get("process_group_backend") == "nccl"
+
+
+def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.DataFrame:
+    """One row per chosen layout and its job (in order)."""
+    rows = []
+    for (_, plan), run in zip(chosen.iterrows(), load_runs(list(job_ids), runs_dir)):
+        measured = _measured(run)
+        try:
+            modelled = memory_model.estimate_for_run(run.config, cuda=_on_gpu(run)).total / MIB
+        except (KeyError, TypeError, ValueError):
+            modelled = math.nan
+        held = sum(measured.values()) / MIB if measured else math.nan
+        step = estimate(run, "t_step")
+        predicted = float(plan["step_s"]) * 1e3
+        rows.append({"layout": plan["layout"], "run_id": run.run_id, "state": run.state,
+                     "predicted_rank": plan["rank"], "memory_predicted_mib": modelled, "memory_measured_mib": held,
+                     "memory_ratio": held / modelled if modelled else math.nan,
+                     "step_predicted_ms": predicted, "step_measured_ms": step.value * 1e3,
+                     "step_low_ms": step.low * 1e3, "step_high_ms": step.high * 1e3,
+                     "step_ratio": step.value * 1e3 / predicted, "step_ratio_low": step.low * 1e3 / predicted,
+                     "step_ratio_high": step.high * 1e3 / predicted})
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs.update(notes=notes(table, chosen.attrs if hasattr(chosen, "attrs") else {}), **chosen.attrs)
+    return table
+
+
+def notes(table: pd.DataFrame, attrs: dict) -> list[str]:
+    """Where the model is wrong on these runs, and why, from the numbers themselves."""
+    found = []
+    ratios = table["step_ratio"].dropna()
+    if len(ratios):
+        low, high = float(ratios.min()), float(ratios.max())
+        if low > 2:
+            found.append(f"every step took ×{low:.1f} to ×{high:.1f} the predicted time: the model counts FLOPs at the "
+                         "matmul peak and bytes at the bus bandwidth, and nothing else. A small model's step is mostly "
+                         "what it leaves out: each operation's launch and Python (hundreds a step, at sizes where a "
+                         "matmul runs far under the peak), the optimizer step, and each collective's fixed cost (the "
+                         "bench's smallest messages show it: their bus bandwidth is a fraction of the large ones')")
+        elif high < 0.5:
+            found.append(f"every step took ×{low:.2f} to ×{high:.2f} the predicted time: faster than the model allows; "
+                         "the peak or the bandwidths it was given are too low")
+        if high / max(low, 1e-12) > 2:
+            found.append(f"the ratio varies ×{high / low:.1f} between layouts: the model's relative costs are off "
+                         "there (e.g. per-collective overheads where it counts bytes only, or overlap it assumes)")
+    if not attrs.get("basis", "").startswith("on paper") and "gloo" in attrs.get("basis", ""):
+        found.append("gloo runs each collective on the cores that compute: nothing overlaps on a CPU, so the model "
+                     "adds every collective to the step, as it should here")
+    memory = table["memory_ratio"].dropna()
+    if len(memory):
+        found.append(f"memory per rank: the tensors measured are ×{memory.min():.2f} to ×{memory.max():.2f} the "
+                     "model's (the meter counts tensors, not the allocator's caching, nor DDP's buckets)")
+    return found
+
+
+def fastest(table: pd.DataFrame) -> int | None:
+    """The row whose measured step is the shortest."""
+    measured = table["step_measured_ms"]
+    return int(np.nanargmin(measured.to_numpy(float))) if measured.notna().any() else None
+
+
+def comparison_plot(table: pd.DataFrame):
+    """Left: memory per rank, predicted and measured. Right: step time predicted and measured (95 % interval)."""
+    if table.empty:
+        return message_figure(["no layout ran"], title="predicted against measured")
+    figure, axes = new_figure(1, 2, size=(12, 4.2))
+    memory, step = axes[0]
+    x = np.arange(len(table))
+    labels = [f"{layout}\n(predicted #{rank})" for layout, rank in zip(table["layout"], table["predicted_rank"])]
+    for ax, pred, meas, unit in ((memory, "memory_predicted_mib", "memory_measured_mib", "MiB per rank (busiest)"),
+                                 (step, "step_predicted_ms", "step_measured_ms", "step (ms)")):
+        ax.bar(x - 0.2, table[pred], 0.4, color="0.7", label="predicted")
+        ax.bar(x + 0.2, table[meas], 0.4, color="tab:blue", label="measured")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=8)
+    errors = [table["step_measured_ms"] - table["step_low_ms"], table["step_high_ms"] - table["step_measured_ms"]]
+    step.errorbar(x + 0.2, table["step_measured_ms"], yerr=np.nan_to_num(np.asarray(errors, float)), fmt="none",
+                  ecolor="black", capsize=4)
+    for index, row in table.iterrows():
+        if math.isfinite(row["step_ratio"]):
+            step.annotate(f"×{row['step_ratio']:.1f}", (index + 0.2, row["step_high_ms"]), ha="center", va="bottom",
+                          fontsize=7, xytext=(0, 2), textcoords="offset points")
+    memory.set_title("memory per rank: memory model against the tensors held", fontsize=9)
+    step.set_title("step time: step model against the settled steps (×: measured / predicted)", fontsize=9)
+    return figure

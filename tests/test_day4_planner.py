@@ -1,0 +1,111 @@
+"""TP4.9 without launches: tokens/s and MFU with their intervals from run records, MFU's peak measured on a CPU (never
+made up), the prediction beside the measurement, and the check of the planner's pick (its verdict from the interval)."""
+import math
+
+import pandas as pd
+import pytest
+
+import dlokit
+from dlokit import checks
+from dlokit.analysis import plan_check, throughput
+from dlokit.in_job.runrecord import RunRecorder
+
+FPT = 1.5e6  # FLOPs per token of the synthetic runs
+
+
+def train_run(runs_dir, run_id, step_s, *, world=2, mode="ddp", tokens=512, dtype="fp32", backend="gloo",
+              peak_flops=None, jitter=0.01):
+    config = {"mode": mode, "dtype": dtype, "batch_size": 8, "seq_len": 64, "process_group_backend": backend,
+              "model": {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 176, "vocab_size": 256,
+                        "tie_embeddings": False},
+              "data_parallel": mode if mode in ("ddp", "zero1", "fsdp") else None, "dp": world}
+    for rank in range(world):
+        with RunRecorder(config, rank=rank, world_size=world, run_id=run_id, runs_dir=runs_dir) as rec:
+            for step in range(1, 11):
+                t = step_s * (3 if step == 1 else 1 + jitter * ((step * 7) % 5 - 2))
+                rec.log("step", step=step, loss=5.0, t_step=t, t_data=0.0, tokens_per_s=tokens / t)
+            rec.finish(flops_per_token=FPT, peak_flops=peak_flops, mfu_basis="H100 SXM dense bf16 peak" if peak_flops
+                       else "no MFU on CPU (no reliable peak)", memory_bytes={"params": 1e6, "grads": 1e6,
+                                                                               "optimizer": 2e6, "activations": 1e5})
+    return run_id
+
+
+def peak_run(runs_dir, run_id, per_rank=50e9, world=2, dtype="fp32"):
+    for rank in range(world):
+        with RunRecorder({"dtype": dtype}, rank=rank, world_size=world, run_id=run_id, runs_dir=runs_dir) as rec:
+            for i in range(6):
+                rec.log("matmul", n=512, dtype=dtype, flops_per_s=per_rank * (1 + 0.01 * (i - 3)))
+            rec.finish(peak_flops=per_rank, peak_n=512, threads=1, device_type="cpu")
+    return run_id
+
+
+def test_mfu_on_a_cpu_divides_by_the_peak_measured_here_and_never_a_made_up_one(tmp_path):
+    run = dlokit.analysis.load_run(train_run(tmp_path, "ddp", 0.05), tmp_path)
+    peak = throughput.measured_peak(dlokit.analysis.load_run(peak_run(tmp_path, "peak"), tmp_path))
+    assert peak.machine == pytest.approx(100e9, rel=0.01) and "measured on this machine" in peak.basis
+    mfu, basis = throughput.mfu_estimate(run, peak)
+    assert mfu.value == pytest.approx(512 / 0.05 * FPT / 100e9, rel=0.02) and mfu.low < mfu.value < mfu.high
+    assert throughput.mfu_estimate(run, None)[0].usable is False  # no peak given: no MFU, and why
+    assert "must be measured" in throughput.mfu_estimate(run, None)[1]
+    bf16_peak = throughput.measured_peak(dlokit.analysis.load_run(peak_run(tmp_path, "p16", dtype="bf16"), tmp_path))
+    assert "no MFU" in throughput.mfu_estimate(run, bf16_peak)[1]  # an fp32 run is not divided by bf16's peak
+
+
+def test_mfu_on_a_gpu_divides_by_the_datasheet_peak_of_every_device(tmp_path):
+    run = dlokit.analysis.load_run(train_run(tmp_path, "gpu", 0.01, backend="nccl", peak_flops=989.5e12), tmp_path)
+    mfu, basis = throughput.mfu_estimate(run, None)
+    assert mfu.value == pytest.approx(512 / 0.01 * FPT / (2 * 989.5e12), rel=0.02) and "H100" in basis
+
+
+def test_tokens_per_s_carries_its_interval_and_one_settled_step_the_machines_spread(tmp_path):
+    many = throughput.tokens_per_s(dlokit.analysis.load_run(train_run(tmp_path, "many", 0.05), tmp_path))
+    assert many.low < many.value < many.high and many.value == pytest.approx(512 / 0.05, rel=0.03)
+    with RunRecorder({"mode": "fsdp"}, run_id="two", runs_dir=tmp_path) as rec:  # TP4.2's scan: two steps
+        for step, t in ((1, 0.3), (2, 0.1)):
+            rec.log("step", step=step, t_step=t, t_data=0.0, tokens_per_s=512 / t)
+    one = throughput.tokens_per_s(dlokit.analysis.load_run("two", tmp_path))
+    assert one.value == pytest.approx(5120) and one.low < one.value < one.high and "spread" in one.basis_text
+
+
+def _chosen(names, predicted_s):
+    return pd.DataFrame({"rank": range(1, len(names) + 1), "layout": names, "step_s": predicted_s})
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path))
+    dlokit.use_profile("local")
+    return tmp_path
+
+
+def test_the_check_passes_when_the_pick_is_the_measured_fastest_and_the_slow_one_is_slower(records):
+    ids = [train_run(records, name, t) for name, t in (("a", 0.030), ("b", 0.045), ("c", 0.12))]
+    result = checks.planner_pick(ids, _chosen(["DDP", "ZeRO-1", "CP"], [0.004, 0.0045, 0.011]))
+    assert result.status == "passed" and result.message == "the planner's pick, DDP, is the fastest layout measured, within noise"
+    assert result.part("predicted slow").status == "passed"
+
+
+def test_the_check_passes_within_noise_and_says_when_the_machine_cannot_tell_them_apart(records):
+    ids = [train_run(records, "a", 0.031, jitter=0.2), train_run(records, "b", 0.030, jitter=0.2),
+           train_run(records, "c", 0.032, jitter=0.2)]
+    result = checks.planner_pick(ids, _chosen(["DDP", "ZeRO-1", "CP"], [0.004, 0.0045, 0.011]))
+    assert result.status == "passed" and result.message == "the planner's pick, DDP, is the fastest layout measured, within noise"
+    slow = result.part("predicted slow")
+    assert slow.status == "info" and slow.message.startswith("this machine cannot tell CP from DDP apart")
+
+
+def test_the_check_fails_when_another_layout_is_faster_beyond_noise(records):
+    ids = [train_run(records, "a", 0.090), train_run(records, "b", 0.030), train_run(records, "c", 0.12)]
+    result = checks.planner_pick(ids, _chosen(["DDP", "ZeRO-1", "CP"], [0.004, 0.0045, 0.011]))
+    assert result.status == "failed" and "ZeRO-1 measured faster than the planner's pick, DDP" in result.message
+
+
+def test_prediction_beside_measurement_with_the_ratio_and_why_it_is_off(records):
+    ids = [train_run(records, "a", 0.030), train_run(records, "b", 0.045)]
+    chosen = _chosen(["DDP", "ZeRO-1"], [0.003, 0.0045])
+    table = plan_check.predicted_vs_measured(chosen, ids)
+    assert table["step_ratio"].round(1).tolist() == [10.0, 10.0]
+    assert (table["step_ratio_low"] < table["step_ratio"]).all() and (table["step_ratio"] < table["step_ratio_high"]).all()
+    assert math.isfinite(table["memory_ratio"].iloc[0])
+    assert any("×10.0 to ×10.0 the predicted time" in note for note in table.attrs["notes"])
+    assert plan_check.fastest(table) == 0
