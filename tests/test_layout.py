@@ -1,15 +1,23 @@
 """The house a newcomer reads: no import circle in the helpers, no module name twice, the students' files first
-in tp_scripts/, the training loop in short functions with each TODO inside the phase it belongs to."""
+in tp_scripts/, the training loop in short functions with each TODO inside the phase it belongs to, and notebook
+cells one hop from the helpers: no function or class defined in a cell, no cell longer than a screen's glance."""
 from __future__ import annotations
 
 import ast
 import graphlib
+import json
 import re
 from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "helpers" / "dlokit"
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+CELL_LINES = 15  # a code cell: a call, a display or a few lines of parameters; the parameters cell is exempt
+# Day 4 still defines these in its cells (issue 50 item 2 moves them into dlokit): named, so that a new one fails
+KNOWN_DEFINITIONS = {"day4_large_models": ["lambda scan", "lambda pp", "lambda ds"]}
+# cells longer than CELL_LINES today, by notebook and first line, with their length: none may grow
+KNOWN_LONG_CELLS = {("day4_large_models", "import matplotlib.pyplot as plt"): 18}  # its set-up cell
 
 
 def helper_modules() -> dict[str, Path]:
@@ -95,3 +103,48 @@ def test_the_classifier_loop_is_short_and_each_todo_sits_in_its_phase():
             assert number in phases[expected[todo[1]]], f"{todo[1]}'s TODO is not inside phase {expected[todo[1]]!r}"
     todos = {t for t in re.findall(r"# TODO (TP\d\.\d)", "\n".join(student[step.lineno - 1:step.end_lineno]))}
     assert set(expected) <= todos
+
+
+def code_cells(notebook: Path) -> list[tuple[str, bool]]:
+    """(source, is the parameters cell) of each code cell."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return [("".join(c["source"]), "parameters" in c.get("metadata", {}).get("tags", []))
+            for c in cells if c["cell_type"] == "code"]
+
+
+def definitions(source: str) -> list[str]:
+    """The functions, classes and lambdas a cell defines: 'def name', 'class name', 'lambda name' ('lambda' alone
+    when it is bound to no name)."""
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    named = {id(node.value): node.targets[0].id for node in ast.walk(tree)
+             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(f"def {node.name}")
+        elif isinstance(node, ast.ClassDef):
+            found.append(f"class {node.name}")
+        elif isinstance(node, ast.Lambda):
+            found.append(f"lambda {named[id(node)]}" if id(node) in named else "lambda")
+    return found
+
+
+def test_no_notebook_cell_defines_a_function():
+    assert len(NOTEBOOKS) >= 5
+    for notebook in NOTEBOOKS:
+        found = [name for source, _ in code_cells(notebook) for name in definitions(source)]
+        new = Counter(found) - Counter(KNOWN_DEFINITIONS.get(notebook.stem, []))  # one moved out: fine
+        assert not new, f"{notebook.name} defines {sorted(new)} in its cells: move them into dlokit"
+
+
+def test_no_notebook_cell_is_longer_than_a_glance():
+    for notebook in NOTEBOOKS:
+        for source, parameters in code_cells(notebook):
+            lines = source.strip("\n").splitlines()
+            allowed = KNOWN_LONG_CELLS.get((notebook.stem, lines[0] if lines else ""), CELL_LINES)
+            assert parameters or len(lines) <= allowed, f"{notebook.name}: a cell of {len(lines)} lines:\n{source}"
+
+
+def test_a_definition_in_a_cell_is_found():
+    cell = "def ddp_command(*options):\n    return options\nscan = lambda b: b\nmap(lambda x: x, [])\nclass A: pass"
+    assert sorted(definitions(cell)) == ["class A", "def ddp_command", "lambda", "lambda scan"]
