@@ -16,10 +16,17 @@ def named(rows):
 @pytest.mark.parametrize("ranks", [4, 8])
 def test_every_day4_job_is_valid_and_fits_an_80gb_node(ranks, dtype):
     rows = gpu_plan.plan(ranks, card_gib=80, dtype=dtype)
-    assert len(rows) == 31 and named(rows) == []
+    levers = [row for row in rows if "--memory-limit" in row["job"] and any(
+        lever in row["job"] for lever in ("--activation-checkpointing", "--grad-accum", "--cpu-offload"))]
+    assert len(levers) in (3, 6)  # TP4.2's levers at the scan's batches FSDP2 is modelled not to fit (1 or 2 of them)
+    ds = [row for row in rows if row["tp"] == "TP4.8"]
+    planned = [row for row in rows if row["tp"] == "TP4.9"]
+    assert len(ds) == 4 and all(row["need_gib"] > 1 for row in ds)  # ZeRO 1, 2, 3, 2 + offload: 1b planned
+    assert len(planned) == 2 + 4  # the matmul peak, the collectives, the planner's 3 fastest and its slowest
+    assert len(rows) == 31 + len(levers) + len(ds) + len(planned) and named(rows) == []
     trained = [row for row in rows if row["need_gib"] is not None]
     assert all(row["need_gib"] > 1 for row in trained)  # 1b and 3b, planned: not the CPU's tiny model
-    assert {row["tp"] for row in rows} == {f"TP4.{n}" for n in range(1, 8)}
+    assert {row["tp"] for row in rows} == {f"TP4.{n}" for n in range(1, 10)}
 
 
 def test_the_jobs_that_would_not_fit_a_40gb_card_are_named():
@@ -27,8 +34,8 @@ def test_the_jobs_that_would_not_fit_a_40gb_card_are_named():
     single = [f for f in found if "--mode single" in f[1]]
     assert single and "out of memory: needs 40.0" in single[0][2]  # TP4.2/TP4.6's reference: the whole batch, one GPU
     scan = [f for f in found if "--memory-limit 48939" in f[1]]
-    assert len(scan) == 8 and all("a 40 GB card gives" in f[2] for f in scan)  # the scan's limit is past the card
-    assert len(found) == 9
+    assert len(scan) == 8 + 3 and all("a 40 GB card gives" in f[2] for f in scan)  # the scan's limit (and its levers')
+    assert len(found) == 12
     in_fp32 = named(gpu_plan.plan(4, card_gib=40, dtype="fp32"))
     assert [f for f in in_fp32 if "--mode ddp" in f[1] and "--steps 6" in f[1]]  # TP4.1's DDP too: 35.2 GiB
 

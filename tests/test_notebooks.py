@@ -48,7 +48,7 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
 DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
              "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
              "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "COMPILE_REPEATS": 1, "REFRESH_S": 1,
-             "SCAN_BATCHES": [64, 128, 256], "NICKNAME": "nbtest"}
+             "SCAN_BATCHES": [64, 128, 256], "COMM_MAX_MIB": 1, "PAPER_GPUS": [8, 64], "NICKNAME": "nbtest"}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1}
@@ -336,7 +336,8 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",
                "TP4.2 batch scan, DDP against FSDP2", "TP4.2 FSDP2 + compile",
                "TP4.3 pipeline bubble",
-               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match", "TP4.8 DeepSpeed ZeRO"}
+               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match", "TP4.8 DeepSpeed ZeRO",
+               "TP4.9 the planner's pick"}
 DAY4_PROBE = """
 import json
 print("DLOKIT_PROBE " + json.dumps({
@@ -349,6 +350,16 @@ print("DLOKIT_PROBE " + json.dumps({
     "loss_matched": loss_match.loss_match_table(loss_jobs, reference=single_job[0])["matched"].tolist(),
     "compress_variants": len(analysis.compression_table(compress_job[0])),
     "ds_loss_matched": loss_match.loss_match_table(ds_list, reference=single_job[0])["matched"].tolist(),
+    "loss_mfu": loss_match.loss_match_table(loss_jobs, reference=single_job[0], peak=peak)["mfu"].tolist(),
+    "scan_mfu": scan_runs.loc[scan_runs["outcome"] == "fits", "mfu"].tolist(),
+    "peak_basis": peak.basis,
+    "bandwidth": sorted(set(zip(bandwidth["op"], bandwidth["ranks"]))),
+    "chosen": chosen["layout"].tolist(),
+    "plan_ranked_fit": bool(plan.loc[plan["rank"].notna(), "fits"].all()),
+    "step_ratios": compared["step_ratio"].round(1).tolist(),
+    "memory_ratios": compared["memory_ratio"].round(2).tolist(),
+    "notes": compared.attrs["notes"],
+    "paper_best": {str(g): [t.iloc[0]["layout"], round(float(t.iloc[0]["memory_gib"]), 1)] for g, t in paper.items()},
     "overlapped": [r for r in analysis.runs_table(day.submitted)["overlapped_by"] if r],
 }))
 """
@@ -366,6 +377,13 @@ def check_day4(results, probe, profile):
     assert probe["lever_notes"][-1].startswith("not applicable here") and not any(probe["lever_notes"][:-1])
     assert probe["loss_matched"] == [True] * len(DAY4_TINY["LOSS_MODES"]) and probe["compress_variants"] >= 3
     assert probe["ds_loss_matched"] == [True] * 4  # ZeRO 1, 2, 3 and ZeRO-2 with its optimizer offloaded
+    # TP4.9: MFU against the peak measured here (a CPU), every collective on 2 ranks, the plan's candidates run
+    assert "measured on this machine by matmul_peak.py" in probe["peak_basis"]
+    assert all(probe["loss_mfu"]) and all(probe["scan_mfu"]), (probe["loss_mfu"], probe["scan_mfu"])
+    assert probe["bandwidth"] == [["all_gather", 2], ["all_reduce", 2], ["reduce_scatter", 2]]
+    assert len(probe["chosen"]) == 4 and probe["plan_ranked_fit"] and all(r > 0 for r in probe["step_ratios"])
+    assert set(probe["paper_best"]) == {"8", "64"} and all(gib < 80 for _, gib in probe["paper_best"].values())
+    print("TP4.9", probe["chosen"], probe["step_ratios"], probe["memory_ratios"], probe["paper_best"], probe["notes"])
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@
 Each job's command line is written the way the notebook writes it (`LlmDay.command`, the cells' own options),
 parsed by its script's own parser and checked against its layout's rules (train_llm.py's `plan_degrees`:
 divisibility, tied embeddings, stages) for its number of ranks; its memory per rank comes from the memory model
-(`memory_model.estimate_for_run`, on CUDA: with AdamW's foreach temporaries, and DDP's gradient buckets)
+(`memory_model.estimate_for_run`, on CUDA: with AdamW's foreach temporaries, and DDP's gradient buckets; DeepSpeed's
+master copy and bucket for train_deepspeed.py)
 and must fit what is left of the card after MARGIN. A job under `--memory-limit` must get a limit the card
 has, and end as its cell expects (TP4.2: DDP out of memory, FSDP2 fits). A CPU-only script keeps the CPU sizes.
 
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from dlokit import memory_model
+from dlokit import memory_model, planner
 from dlokit.analysis import layout_scan, llm_memory
 from dlokit.script_modules import common_module
 from dlokit.submission.day import LlmDay
@@ -41,6 +42,7 @@ GPU_SIZES = {
     "CONFIG": "1b", "SEQ_LEN": 1024, "BATCH": 8, "OOM_CONFIG": "3b",
     "SCAN_CONFIG": "1b", "SCAN_SEQ_LEN": 2048, "SCAN_BATCHES": [8, 16, 32, 64],
     "LOSS_MODES": ["ddp", "zero1", "fsdp", "tp-scratch", "tp", "pp", "cp", "fsdp-tp", "hsdp"],
+    "COMM_MAX_MIB": 256,
 }
 # On 40 GB cards the 1b model's single-process reference cannot fit (its weights, gradients and AdamW states alone
 # take 23 GiB, its logits at 2048 tokens most of the rest): the day runs the 125m model on 4 ranks (125m's 12 layers
@@ -112,6 +114,12 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
                                           "--memory-limit", p["SCAN_LIMIT_MB"] or scan["limit_mb"],
                                           config=p["SCAN_CONFIG"], steps=2), ranks, "either")
                  for b in p["SCAN_BATCHES"]]
+    fitted = scan["fits"]["fsdp"]  # the lever scan: FSDP2 + each lever where plain FSDP2 is modelled not to fit
+    lever_batches = [b for b in p["SCAN_BATCHES"] if b > max(fitted, default=0)] or p["SCAN_BATCHES"][-1:]
+    jobs += [Job("TP4.2", day.command("fsdp", "--meta-init", *lever, "--batch-size", b, "--seq-len", p["SCAN_SEQ_LEN"],
+                                      "--memory-limit", p["SCAN_LIMIT_MB"] or scan["limit_mb"], config=p["SCAN_CONFIG"],
+                                      steps=2), ranks, "either")
+             for lever in p["SCAN_LEVERS"] for b in lever_batches]
     jobs += [Job("TP4.2", day.command("fsdp", "--data", "text", *compile_, steps=p["COMPILE_STEPS"]), ranks)
              for compile_ in ([], ["--compile"])]
     pp = lambda schedule, m: day.command("pp", "--pp-schedule", schedule, "--microbatches", m, "--seq-len",
@@ -126,7 +134,24 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
     jobs.append(Job("TP4.7", day.command(None, "--config", p["COMPRESS_CONFIG"], "--train-steps",
                                          p["COMPRESS_STEPS"], "--sparsities", *p["COMPRESS_SPARSITIES"],
                                          script="compress_bench.py"), 1))
+    ds = lambda stage, *extra: day.command(None, "--zero-stage", stage, *extra, "--data", "text", "--config",
+                                           day.config, "--seq-len", day.seq_len, "--batch-size", day.batch_size,
+                                           "--steps", day.steps, *day.carried, script="train_deepspeed.py")
+    jobs += [Job("TP4.8", ds(stage), ranks) for stage in p["DS_STAGES"]]
+    jobs.append(Job("TP4.8", ds(p["DS_OFFLOAD_STAGE"], "--offload-optimizer"), ranks))
+    jobs += [Job("TP4.9", day.command(None, "--dtype", dtype, script="matmul_peak.py"), ranks),
+             Job("TP4.9", day.command(None, "--max-mib", p["COMM_MAX_MIB"], script="comm_bench.py"), ranks)]
+    jobs += [Job("TP4.9", day.command(None, *argv, steps=p["PLAN_STEPS"]), ranks) for argv in plan_candidates(p, ranks, dtype)]
     return jobs
+
+
+def plan_candidates(p: dict, ranks: int, dtype: str, card_gib: float = 80) -> list[list[str]]:
+    """TP4.9's layouts at these sizes: the planner's on paper for an H100 node of `ranks` GPUs (on the node, its own
+    measurements choose; any of them must fit)."""
+    table = planner.plan(llm_memory.model_config(LLM, p["CONFIG"]), world=ranks, memory_gib=usable_gib(card_gib, ranks),
+                         hardware=planner.paper_hardware("H100-80GB", dtype), batch_size=p["BATCH"],
+                         seq_len=p["SEQ_LEN"], dtype=dtype)
+    return list(planner.candidates(table, top=p["PLAN_TOP"])["argv"])
 
 
 def oom_sizes(ranks: int) -> list:
@@ -185,6 +210,20 @@ def train_llm_need(args, ranks: int) -> tuple[float, str]:
     return need / GIB, f"{dims.data_parallel or 'none'} dp={dims.dp} tp={dims.tp} pp={dims.pp} cp={dims.cp}"
 
 
+def deepspeed_need(args, ranks: int) -> tuple[float, str]:
+    """GiB per rank of a train_deepspeed.py job on CUDA: its stage over the ranks, DeepSpeed's fp32 master copy and
+    reduce bucket (memory_model.estimate_for_run); with --offload-optimizer the states and their step on the host."""
+    config = common_module(LLM, "model").get_config(args.config, max_seq_len=args.seq_len)
+    if args.batch_size % ranks:
+        raise ValueError(f"--batch-size {args.batch_size} does not split over {ranks} ranks")
+    n_params = common_module(LLM, "model").count_params(config)
+    record = {**vars(args), "model": asdict(config), "dp": ranks, "data_parallel": "deepspeed",
+              "ds_config": {"zero_optimization": {"reduce_bucket_size": max(1, n_params // 32)}}}
+    need = memory_model.estimate_for_run(record, cuda=True)
+    held = need.total - (need.optimizer + need.optimizer_step if args.offload_optimizer else 0.0)
+    return held / GIB, f"deepspeed zero={args.zero_stage} dp={ranks}" + (" offload" if args.offload_optimizer else "")
+
+
 def check(job: Job, card_gib: float, cpu_job: Job | None = None) -> dict:
     """One job against a card: {"tp", "job", "ranks", "need_gib", "limit_gib", "usable_gib", "finding"}
     ("finding": None when it will run as its cell expects). cpu_job: the same job at the notebook's CPU sizes."""
@@ -197,9 +236,9 @@ def check(job: Job, card_gib: float, cpu_job: Job | None = None) -> dict:
             if cpu_job is not None and shlex.split(job.command)[1:] != shlex.split(cpu_job.command)[1:]:
                 row["finding"] = f"{script.name} runs on the CPU: keep its CPU sizes ({_short(cpu_job.command)})"
             return row
-        if script.name != "train_llm.py":
-            return row  # the checkers: their own small shapes, whatever the day's sizes
-        need, layout = train_llm_need(args, job.ranks)
+        if script.name not in ("train_llm.py", "train_deepspeed.py"):
+            return row  # the checkers and benchmarks: their own small shapes, whatever the day's sizes
+        need, layout = (train_llm_need if script.name == "train_llm.py" else deepspeed_need)(args, job.ranks)
     except ValueError as error:  # ArgumentsError is one
         return {**row, "finding": f"refused: {error}"}
     row.update(need_gib=round(need, 1), layout=layout)

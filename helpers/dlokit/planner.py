@@ -62,6 +62,18 @@ def measured_hardware(peak_run, comm_run, ranks_per_node: int | None = None) -> 
                           f"({table.attrs.get('backend')})")
 
 
+def memory_per_rank_gib(peak_run) -> float:
+    """What the memory model's tensors may take on each rank of this machine, from matmul_peak.py's record: a GPU's
+    memory after gpu_plan's margins, or on a CPU 90 % of the host's share of each rank."""
+    from dlokit.gpu_plan import usable_gib
+
+    run = load_run(peak_run) if isinstance(peak_run, str) else peak_run
+    memory = float(run.summary.get("memory_bytes_per_rank") or 0) / GIB
+    if not memory:
+        raise ValueError(f"matmul_peak.py run {run.run_id} recorded no memory_bytes_per_rank ({run.state})")
+    return usable_gib(memory, run.world_size) if run.summary.get("device_type") == "cuda" else 0.9 * memory
+
+
 def paper_hardware(target: str = "H100-80GB", dtype: str = "bf16", ranks_per_node: int = 8) -> Hardware:
     """A cluster on paper: its datasheet peak for `dtype` and its links' line rates (PAPER)."""
     spec = PAPER[target]
@@ -211,7 +223,10 @@ def candidates(table: pd.DataFrame, top: int = 3, slow: bool = True, script: str
     if slow:
         plain = ranked[(ranked["levers"] == 0) & ~ranked["base"].isin(chosen["base"])]
         chosen = pd.concat([chosen, plain.tail(1)])
-    return chosen.reset_index(drop=True)
+    chosen = chosen.reset_index(drop=True)
+    chosen["argv"] = [shlex.split(options) for options in chosen["options"]]  # day.command(None, *argv)
+    chosen.attrs.update(table.attrs)
+    return chosen
 
 
 def preview(row, *, profile: str, n_gpu: int, time_max: str = "00:30:00", account: str | None = None,

@@ -8,7 +8,8 @@ that a rank's figure is what it gets while the job's other ranks compute too, as
 times each size (blocked_autorange); the peak is the best size's median.
 
 Run record (script `matmul_peak.py`): one `matmul` line per timed block: `n`, `dtype`, `flops_per_s`; summary.json:
-`peak_flops` (this rank's best median), `peak_n`, `threads`, `device_type`, `device_name`.
+`peak_flops` (this rank's best median), `peak_n`, `threads`, `device_type`, `device_name`, `memory_bytes_per_rank`
+(the GPU's memory, or on a CPU the host's shared by the job's ranks on it: what the planner may fill).
 """
 from __future__ import annotations
 
@@ -52,9 +53,13 @@ def main(argv=None) -> int:
             recorder.log("matmul", n=n, dtype=args.dtype, flops_per_s=2 * n**3 / seconds)
         if 2 * n**3 / measured.median > best[0]:
             best = (2 * n**3 / measured.median, n)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if device.type == "cuda":
+        name, memory = torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory
+    else:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        name, memory = "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local)
     recorder.finish(peak_flops=best[0], peak_n=best[1], threads=torch.get_num_threads(), device_type=device.type,
-                    device_name=name, dtype=args.dtype)
+                    device_name=name, dtype=args.dtype, memory_bytes_per_rank=memory)
     if rank == 0:
         print(f"[matmul_peak] rank 0: {best[0] / 1e9:.1f} GFLOP/s ({args.dtype}, n = {best[1]}, "
               f"{torch.get_num_threads()} threads)", flush=True)

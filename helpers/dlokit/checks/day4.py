@@ -436,12 +436,12 @@ def planner_pick(job_ids, chosen):
     steps = [_step_estimate(run) for run in runs]
     if None in steps:
         return failed("a run has no settled step to time: give its jobs more --steps (PLAN_STEPS)")
-    details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {s.text('ms')}"
+    details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {_ms(s)}"
                for name, p, s in zip(names, chosen["step_s"], steps)]
     fastest = min(range(len(runs)), key=lambda i: steps[i].value)
     pick = names[0]
     if fastest == 0:
-        within, how = True, f"{pick} measured fastest: {steps[0].text('ms')} a step"
+        within, how = True, f"{pick} measured fastest: {_ms(steps[0])} a step"
     else:
         r = ratio(runs[fastest], runs[0], "t_step")
         within = r.usable and r.low <= 1
@@ -459,6 +459,10 @@ def planner_pick(job_ids, chosen):
                   f"the pick's step, measured {slow_ratio.text()} ({slow_ratio.basis_text})")
     return from_parts([first, second], f"the planner's pick, {pick}, is the fastest layout measured, within noise",
                       details)
+
+
+def _ms(value) -> str:
+    return f"{1e3 * value.value:.1f} [{1e3 * value.low:.1f}–{1e3 * value.high:.1f}] ms"
 
 
 def _step_estimate(run):
