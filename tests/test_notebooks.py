@@ -407,5 +407,6 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
                        ("TP4.5 context parallel", "TODO TP4.5"), ("TP4.8 DeepSpeed ZeRO", "TODO TP4.8")):
         assert found[name]["status"] == "failed" and todo in found[name]["message"], found[name]
     assert found["TP4.6 loss match"]["status"] == "failed"  # tensor parallel without its all-reduces: wrong maths
+    assert "TP4.9 the planner's pick" in found  # no TODO of its own: it runs on the student's train_llm.py, as it is
     # an unsharded "FSDP" holds what DDP holds: under the same limit both run out of memory
     assert probe["profile"] == "local" and probe["oom_states"] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
