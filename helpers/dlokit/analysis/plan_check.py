@@ -81,6 +81,11 @@ def notes(table: pd.DataFrame, attrs: dict) -> list[str]:
     if len(memory):
         found.append(f"memory per rank: the tensors measured are ×{memory.min():.2f} to ×{memory.max():.2f} the "
                      "model's (the meter counts tensors, not the allocator's caching, nor DDP's buckets)")
+    over = table[table["memory_ratio"] > 1.15]
+    if len(over):
+        found.append(f"{', '.join(over['layout'])} held more than modelled: what the model leaves out (the keys and "
+                     "values a context-parallel attention fetches from the other ranks, a pipeline stage's received "
+                     "activations, the first stage's embedding beside its blocks)")
     return found
 
 
