@@ -468,12 +468,13 @@ def _sacct(job_id: str) -> dict | None:
     if slurm_config_problem():
         return None
     try:
-        out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o",
+        # -D: every attempt of a requeued job, oldest first (without it, once the job waits again, only the new one)
+        out = subprocess.run(["sacct", "-D", "-j", job_id, "-n", "-P", "-o",
                               "JobID,State,ExitCode,Elapsed,MaxRSS,ReqMem,NodeList"],
                              capture_output=True, text=True, timeout=20).stdout
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
-    row, peaks = None, []
+    row, peaks, attempts = None, [], []
     for line in out.splitlines():
         fields = line.split("|")
         if len(fields) != 7:
@@ -482,10 +483,13 @@ def _sacct(job_id: str) -> dict | None:
         if jid == job_id:
             row = {"state": state.split()[0] if state.split() else "UNKNOWN", "exit_code": exit_code,
                    "elapsed": elapsed, "req_mem": req_mem, "nodes": nodes}
+            attempts.append(row["state"])
         elif jid.startswith(job_id + ".") and _slurm_mb(max_rss) is not None:
             peaks.append(_slurm_mb(max_rss))
     if row is not None and peaks:
         row["peak_mb"] = max(peaks)
+    if row is not None:  # how the attempt before this one ended, when Slurm requeued the job after it
+        row["requeued_after"] = next((s for s in reversed(attempts[:-1]) if s in REQUEUED_AFTER), "")
     return row
 
 
@@ -725,11 +729,13 @@ def _slurm_row(card: JobCard) -> dict:
     A controller that does not answer makes an active job NO_ANSWER, whatever sacct last said of it (a job whose
     script ended while slurmctld was down stays RUNNING in sacct until the controller is back)."""
     row = _sacct(card.job_id)
-    if row is not None and row["state"] in REQUEUED_AFTER:  # the attempt's end; the job itself may wait to rerun
+    ended = row and (row["state"] if row["state"] in REQUEUED_AFTER else row.get("requeued_after"))
+    if ended:  # an attempt's end; the job itself may wait to rerun
         live = _squeue_state(card)
-        if live.get("seen") and live["state"] in ACTIVE:
+        waits = live["state"] in ACTIVE if row["state"] in REQUEUED_AFTER else live["state"] in ("PENDING", "REQUEUED")
+        if live.get("seen") and waits:
             why = live.get("cause", "").removeprefix("waiting: ")
-            return {**live, "cause": f"requeued after {row['state']}: waits to run again" + (f" ({why})" if why else "")}
+            return {**live, "cause": f"requeued after {ended}: waits to run again" + (f" ({why})" if why else "")}
     if row is not None and row["state"] not in ACTIVE:
         return row
     live = _squeue_state(card)
