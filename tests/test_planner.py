@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from dlokit import memory_model, planner
+from dlokit import layout_planner, memory_model
 from dlokit.analysis import bus_bandwidth
 from dlokit.analysis.llm_memory import model_config
 from dlokit.analysis.step_model import Hardware, Layout, flops_per_token, step_time
 
-TINY = model_config(planner.LLM, "tiny")
+TINY = model_config(layout_planner.LLM, "tiny")
 GB = 1e9
 
 
@@ -101,19 +101,19 @@ def test_a_group_across_nodes_runs_at_the_network_rate():
 
 def test_the_planner_never_ranks_a_layout_that_does_not_fit():
     hw = flat(1e9, peak=1e11)
-    full = planner.plan(TINY, world=2, memory_gib=100, hardware=hw, batch_size=8, seq_len=64)
+    full = layout_planner.plan(TINY, world=2, memory_gib=100, hardware=hw, batch_size=8, seq_len=64)
     limit = float(full["memory_gib"].median())  # about half of them fit
-    table = planner.plan(TINY, world=2, memory_gib=limit, hardware=hw, batch_size=8, seq_len=64)
+    table = layout_planner.plan(TINY, world=2, memory_gib=limit, hardware=hw, batch_size=8, seq_len=64)
     ranked, unranked = table[table["rank"].notna()], table[table["rank"].isna()]
     assert len(ranked) and len(unranked)
     assert (ranked["memory_gib"] <= limit).all() and (unranked["memory_gib"] > limit).all()
     assert list(ranked["rank"]) == list(range(1, len(ranked) + 1))
     assert ranked["step_s"].is_monotonic_increasing
-    assert planner.plan(TINY, world=2, memory_gib=1e-6, hardware=hw, batch_size=8, seq_len=64)["rank"].isna().all()
+    assert layout_planner.plan(TINY, world=2, memory_gib=1e-6, hardware=hw, batch_size=8, seq_len=64)["rank"].isna().all()
 
 
 def test_the_plan_lists_every_layout_the_kit_runs_and_only_what_its_scripts_accept():
-    table = planner.plan(TINY, world=4, memory_gib=100, hardware=flat(1e9), batch_size=8, seq_len=64)
+    table = layout_planner.plan(TINY, world=4, memory_gib=100, hardware=flat(1e9), batch_size=8, seq_len=64)
     bases = set(table["base"])
     for name in ("DDP", "ZeRO-1", "FSDP2", "FSDP2 no-reshard", "HSDP 2x2", "FSDP2 x TP 2", "PP naive", "PP gpipe m=4", "PP 1f1b m=8", "CP",
                  "DeepSpeed ZeRO-1", "DeepSpeed ZeRO-2", "DeepSpeed ZeRO-3"):
@@ -121,29 +121,38 @@ def test_the_plan_lists_every_layout_the_kit_runs_and_only_what_its_scripts_acce
     assert "PP gpipe m=16" not in bases  # 8 sequences do not split into 16 micro-batches: train_llm.py refuses
     assert not bases & {"TP from scratch", "TP (DTensor)", "TP + SP"}  # tiny's 2 kv heads do not split 4 ways
     assert not [b for b in bases if b.startswith("PP interleaved")]  # nor its 4 layers into 4 x 2 virtual stages
-    on_two = set(planner.plan(TINY, world=2, memory_gib=100, hardware=flat(1e9), batch_size=8, seq_len=64)["base"])
+    on_two = set(layout_planner.plan(TINY, world=2, memory_gib=100, hardware=flat(1e9), batch_size=8, seq_len=64)["base"])
     assert {"TP from scratch", "TP (DTensor)", "TP + SP", "PP interleaved m=4"} <= on_two
     levers = table[table["layout"].str.contains("AC") & table["layout"].str.contains("offload")]
     assert len(levers) and all(b.startswith(("FSDP2", "HSDP", "CP")) for b in levers["base"])
 
 
 def test_candidates_are_the_fastest_layouts_and_one_predicted_slow():
-    table = planner.plan(TINY, world=2, memory_gib=100, hardware=flat(2e8, peak=3e11), batch_size=8, seq_len=64)
-    chosen = planner.candidates(table, top=3)
+    table = layout_planner.plan(TINY, world=2, memory_gib=100, hardware=flat(2e8, peak=3e11), batch_size=8, seq_len=64)
+    chosen = layout_planner.candidates(table, top=3)
     assert len(chosen) == 4 and chosen["base"].is_unique and (chosen["script"] == "train_llm.py").all()
     assert chosen["step_s"].iloc[-1] > 2 * chosen["step_s"].iloc[0] and chosen["levers"].iloc[-1] == 0
 
 
 @pytest.mark.parametrize("config, gpus", [("1b", 8), ("1b", 64), ("3b", 16), ("3b", 64)])
 def test_a_cluster_on_paper_has_a_plan_that_fits_an_80gb_gpu(config, gpus):
-    table = planner.on_paper(model_config(planner.LLM, config), "H100-80GB", gpus, batch_size=4 * gpus, seq_len=2048)
+    table = layout_planner.on_paper(model_config(layout_planner.LLM, config), "H100-80GB", gpus, batch_size=4 * gpus, seq_len=2048)
     best = table.iloc[0]
     assert best["rank"] == 1 and best["fits"] and best["memory_gib"] < 80
     assert "datasheet" in table.attrs["basis"] and table.attrs["gpus"] == gpus
-    assert math.isfinite(planner.tokens_per_s(table))
+    assert math.isfinite(layout_planner.tokens_per_s(table))
 
 
 def test_the_chosen_layout_previews_as_a_batch_script():
-    table = planner.on_paper(model_config(planner.LLM, "1b"), "H100-80GB", 16, batch_size=64, seq_len=2048)
-    script = planner.preview(table.iloc[0], profile="jean-zay", n_gpu=16, account="abc@h100")
+    table = layout_planner.on_paper(model_config(layout_planner.LLM, "1b"), "H100-80GB", 16, batch_size=64, seq_len=2048)
+    script = layout_planner.preview(table.iloc[0], profile="jean-zay", n_gpu=16, account="abc@h100")
     assert "#SBATCH" in script and "train_llm.py" in script and table.iloc[0]["options"].split()[1] in script
+
+
+def test_the_calculator_shows_the_step_its_layout_is_predicted_to_take():
+    sentence = layout_planner.predicted_step(memory_model.PRESETS["Llama-3.2-1B"], batch_size=2, seq_len=2048, dp=4,
+                                             zero=3, tp=2, pp=1, cp=1)
+    assert sentence.startswith("predicted step on 8 x H100-80GB (bf16)") and "tokens/s" in sentence
+    widget = memory_model.calculator(predict=layout_planner.predicted_step)
+    assert widget.children[-1].outputs[-1]["text"].startswith("predicted step on 8 x H100-80GB")
+    assert {"tensor", "pipeline", "context"} <= {w.description for w in widget.children[:-1]}

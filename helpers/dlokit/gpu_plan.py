@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from dlokit import memory_model, planner
+from dlokit import layout_planner, memory_model
+from dlokit.layout_planner import MARGIN, usable_gib  # noqa: F401 (gpu_plan.usable_gib, as before)
 from dlokit.analysis import layout_scan, llm_memory
 from dlokit.script_modules import common_module
 from dlokit.submission.day import LlmDay
@@ -53,9 +54,6 @@ DTYPES = ("bf16", "fp32")
 DTYPE = DTYPES[0]
 CARDS_GIB = (80, 40)
 
-# What a card gives the tensors the memory model counts: the CUDA context (and cuBLAS's workspace) and NCCL's
-# buffers (parallel jobs) come off first, then a share for the caching allocator's fragmentation.
-MARGIN = {"cuda_context_gib": 1.0, "nccl_gib": 1.0, "allocator_share": 0.10}
 CPU_ONLY = ("compress_bench.py",)  # scripts that run on the CPU whatever the node has
 
 
@@ -65,12 +63,6 @@ class Job:
     command: str
     ranks: int
     expect: str = "fits"  # "fits", "out of memory" (TP4.2's DDP), or "either" (a run of the batch scan)
-
-
-def usable_gib(card_gib: float, ranks: int) -> float:
-    """What the memory model's tensors may take of a card of `card_gib`, after MARGIN."""
-    left = card_gib - MARGIN["cuda_context_gib"] - (MARGIN["nccl_gib"] if ranks > 1 else 0.0)
-    return left * (1 - MARGIN["allocator_share"])
 
 
 def notebook_parameters(notebook: Path = NOTEBOOK) -> dict:
@@ -139,7 +131,7 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
                                            "--steps", day.steps, *day.carried, script="train_deepspeed.py")
     jobs += [Job("TP4.8", ds(stage), ranks) for stage in p["DS_STAGES"]]
     jobs.append(Job("TP4.8", ds(p["DS_OFFLOAD_STAGE"], "--offload-optimizer"), ranks))
-    jobs += [Job("TP4.9", day.command(None, "--dtype", dtype, script="matmul_peak.py"), ranks),
+    jobs += [Job("TP4.9", day.command(None, "--measure", "peak", "--dtype", dtype, script="comm_bench.py"), ranks),
              Job("TP4.9", day.command(None, "--max-mib", p["COMM_MAX_MIB"], script="comm_bench.py"), ranks)]
     jobs += [Job("TP4.9", day.command(None, *argv, steps=p["PLAN_STEPS"]), ranks) for argv in plan_candidates(p, ranks, dtype)]
     return jobs
@@ -148,10 +140,10 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
 def plan_candidates(p: dict, ranks: int, dtype: str, card_gib: float = 80) -> list[list[str]]:
     """TP4.9's layouts at these sizes: the planner's on paper for an H100 node of `ranks` GPUs (on the node, its own
     measurements choose; any of them must fit)."""
-    table = planner.plan(llm_memory.model_config(LLM, p["CONFIG"]), world=ranks, memory_gib=usable_gib(card_gib, ranks),
-                         hardware=planner.paper_hardware("H100-80GB", dtype), batch_size=p["BATCH"],
+    table = layout_planner.plan(llm_memory.model_config(LLM, p["CONFIG"]), world=ranks, memory_gib=usable_gib(card_gib, ranks),
+                         hardware=layout_planner.paper_hardware("H100-80GB", dtype), batch_size=p["BATCH"],
                          seq_len=p["SEQ_LEN"], dtype=dtype)
-    return list(planner.candidates(table, top=p["PLAN_TOP"])["argv"])
+    return list(layout_planner.candidates(table, top=p["PLAN_TOP"])["argv"])
 
 
 def oom_sizes(ranks: int) -> list:

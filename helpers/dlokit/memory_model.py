@@ -278,10 +278,11 @@ def per_rank_table(config, **options):
     return pd.DataFrame({"GiB per rank": rows}).round(3)
 
 
-def calculator(configs: dict | None = None, device_gib: float = 80.0, target: str = "H100-80GB"):
+def calculator(configs: dict | None = None, device_gib: float = 80.0, predict=None):
     """The notebook widget: a model, its batch and sequence, data-parallel ranks, ZeRO stage, tensor, pipeline and
     context degrees, precision, optimizer and activation checkpointing -> a table of GiB per rank, whether it fits on
-    one `device_gib` device, and the planner's step time for that layout on `target`'s datasheet (dlokit.planner).
+    one `device_gib` device, and `predict(config, **the widget's options)`'s sentence (the Day 4 notebook passes
+    dlokit.layout_planner.predicted_step: the step time of that layout on a datasheet's GPUs).
     `configs`: name -> config (e.g. the Day-4 model's CONFIGS) added to the Llama 3 presets."""
     import ipywidgets as widgets
 
@@ -313,29 +314,10 @@ def calculator(configs: dict | None = None, device_gib: float = 80.0, target: st
         output.outputs = ()  # written directly (not `with output:`), so it also works outside a kernel
         output.append_display_data(table)
         output.append_stdout(f"{total:.1f} GiB per rank: {verdict} on a {device_gib:g} GB GPU (90 % usable)\n")
-        output.append_stdout(predicted_step(config, target=target, **options) + "\n")
+        if predict is not None:
+            output.append_stdout(predict(config, **options) + "\n")
 
     for widget in w.values():
         widget.observe(show, names="value")
     show()
     return widgets.VBox([*w.values(), output])
-
-
-def predicted_step(config, *, target: str = "H100-80GB", batch_size: int, seq_len: int, dp: int = 1, zero: int = 0,
-                   tp: int = 1, pp: int = 1, cp: int = 1, microbatches: int = 1, precision: str = "bf16-mixed",
-                   activation_checkpointing: bool = False, **_) -> str:
-    """The step model's time for this layout on `target` (the planner's datasheet profile), in a sentence."""
-    from dlokit.analysis.step_model import Layout, step_time
-    from dlokit.planner import paper_hardware
-
-    config = asdict(config) if not isinstance(config, dict) and hasattr(config, "__dataclass_fields__") else config
-    dtype = "fp32" if precision == "fp32" else "bf16"
-    layout = Layout("calculator", dp_replicate=dp if zero < 3 else 1, dp_shard=dp if zero >= 3 else 1, tp=tp, pp=pp,
-                    cp=cp, zero=zero, pp_schedule="1f1b", microbatches=microbatches,
-                    activation_checkpointing=activation_checkpointing)
-    hardware = paper_hardware(target, dtype, ranks_per_node=8)
-    t = step_time(config, layout, batch_size=batch_size * dp, seq_len=seq_len, hardware=hardware, dtype=dtype)
-    tokens = batch_size * dp * seq_len / t.total
-    return (f"predicted step on {layout.world} x {target} ({dtype}): {1e3 * t.total:.0f} ms = compute "
-            f"{1e3 * t.compute:.0f} + exposed communication {1e3 * t.exposed:.0f} + bubble {1e3 * t.bubble:.0f}; "
-            f"{tokens:,.0f} tokens/s (on paper: datasheet peak and line rates, dlokit.planner)")

@@ -1,6 +1,6 @@
 """The planner's predictions beside what its layouts' jobs measured: memory per rank and step time, with the ratio.
 
-    chosen = planner.candidates(plan_table)                # the layouts to run, in the order they were submitted
+    chosen = layout_planner.candidates(plan_table)                # the layouts to run, in the order they were submitted
     table = predicted_vs_measured(chosen, job_ids)         # per layout: predicted, measured, measured / predicted
     table.attrs["notes"]                                   # where the model is wrong here, and why
     comparison_plot(table)

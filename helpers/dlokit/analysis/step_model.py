@@ -1,5 +1,5 @@
 """How long one training step of a layout should take: compute at the peak, the communication it cannot hide, the
-pipeline's bubble. The planner's (dlokit.planner) second column, beside the memory model's bytes.
+pipeline's bubble. The planner's (dlokit.layout_planner) second column, beside the memory model's bytes.
 
     hw = Hardware("this machine", peak_flops=80e9, busbw=bandwidth_curve(table))   # per rank; bytes/s
     t = step_time(config, Layout("fsdp", dp_shard=2), batch_size=8, seq_len=64, hardware=hw)

@@ -1,11 +1,11 @@
 """Tokens per second and MFU of train_llm.py runs, each with its 95 % interval, and the peak MFU divides by.
 
-    peak = measured_peak(matmul_job)                 # a CPU: the peak matmul_peak.py measured on this machine
+    peak = measured_peak(matmul_job)                 # a CPU: the peak comm_bench.py --measure peak measured on this machine
     throughput_columns(runs, peak)                   # per run: tokens/s and MFU, each with its interval
     throughput_plot(runs, peak)                      # tokens/s per layout (equal global batch), with whiskers
 
 The peak is the device's datasheet peak for the run's arithmetic on a GPU (the run's own summary: common/mfu.py,
-dense figures), and on a CPU the matmul FLOP/s that matmul_peak.py measured on this machine, every rank of one job
+dense figures), and on a CPU the matmul FLOP/s that comm_bench.py --measure peak measured on this machine, every rank of one job
 at once: the sum over its ranks is what the machine's cores give a job, whatever its number of processes (they
 share them). Never a made-up number: without either, no MFU, and the basis says why.
 MFU = tokens/s x FLOPs per token (6 per weight touched + attention, model.flops_per_token) / (peak x devices).
@@ -42,7 +42,7 @@ class Peak:
 
 
 def measured_peak(run) -> Peak:
-    """The machine's matmul peak from a matmul_peak.py job: the sum of its ranks' best medians (measured at once),
+    """The machine's matmul peak from a comm_bench.py --measure peak job: the sum of its ranks' best medians (measured at once),
     with an interval from the spread of the best size's timed blocks on each rank (their low and high ends added)."""
     run = load_run(run) if isinstance(run, str) else run
     totals, lows, highs = 0.0, 0.0, 0.0
@@ -50,12 +50,12 @@ def measured_peak(run) -> Peak:
         summary = run.ranks[rank].get("summary") or {}
         lines = run.lines("matmul", rank)
         if not summary.get("peak_flops") or lines.empty:
-            return Peak(basis=f"matmul_peak.py run {run.run_id}: rank {rank} measured nothing ({run.state})")
+            return Peak(basis=f"comm_bench.py --measure peak run {run.run_id}: rank {rank} measured nothing ({run.state})")
         best = estimate_of_samples_at(lines, summary.get("peak_n"))
         totals, lows, highs = totals + best.value, lows + best.low, highs + best.high
     dtype = run.config.get("dtype", "fp32")
     return Peak(machine=totals, dtype=dtype, low=lows, high=highs,
-                basis=f"{dtype} matmul peak measured on this machine by matmul_peak.py (run {run.run_id}): "
+                basis=f"{dtype} matmul peak measured on this machine by comm_bench.py --measure peak (run {run.run_id}): "
                       f"{totals / 1e9:.1f} [{lows / 1e9:.1f}-{highs / 1e9:.1f}] GFLOP/s over its {len(run.ranks)} "
                       "ranks at once")
 
@@ -76,7 +76,7 @@ def run_peak(run, peak: Peak | None) -> tuple[float | None, str]:
         return ((per_device * run.world_size, run.summary.get("mfu_basis") or "datasheet") if per_device
                 else (None, run.summary.get("mfu_basis") or "no datasheet peak"))
     if peak is None or peak.machine is None:
-        return None, "no MFU: on a CPU the peak must be measured (matmul_peak.py), and none was given"
+        return None, "no MFU: on a CPU the peak must be measured (comm_bench.py --measure peak), and none was given"
     dtype = run.config.get("dtype", "fp32")
     if dtype != peak.dtype:
         return None, f"no MFU: the measured peak is {peak.dtype}'s, the run computed in {dtype}"

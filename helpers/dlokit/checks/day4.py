@@ -419,7 +419,7 @@ def deepspeed_zero(stage_ids, single_id):
 
 @check("TP4.9 the planner's pick")
 def planner_pick(job_ids, chosen):
-    """Measured: the layout the planner ranks fastest (the first of `chosen`, planner.candidates, in the order its
+    """Measured: the layout the planner ranks fastest (the first of `chosen`, layout_planner.candidates, in the order its
     jobs were submitted) is the fastest of the layouts run, within noise: no other layout's steps are shorter beyond
     the 95 % interval of the ratio (one run each: its steps' interval widened by the run-to-run spread of this machine,
     stats.ratio). The layout it predicts slow (the last) is either measured slower, or the check says plainly that this
@@ -432,7 +432,7 @@ def planner_pick(job_ids, chosen):
         return problem
     names = list(chosen["layout"])
     if len(runs) != len(names) or len(runs) < 2:
-        return failed(f"pass the jobs of planner.candidates' {len(names)} layouts, in its order (got {len(runs)} jobs)")
+        return failed(f"pass the jobs of layout_planner.candidates' {len(names)} layouts, in its order (got {len(runs)} jobs)")
     steps = [_step_estimate(run) for run in runs]
     if None in steps:
         return failed("a run has no settled step to time: give its jobs more --steps (PLAN_STEPS)")
@@ -470,3 +470,31 @@ def _step_estimate(run):
 
     value = estimate(run, "t_step")
     return value if math.isfinite(value.value) else None
+
+
+@check("TP4.9 bus bandwidth")
+def bus_bandwidth(job_id):
+    """Observed in comm_bench.py's record: each repeat's time is the slowest rank's (equal on every rank of the group,
+    and no shorter than the rank's own), as nccl-tests times a collective; then the bus bandwidth it reads."""
+    from dlokit.analysis.bus_bandwidth import bandwidth_table
+
+    run, problem = load_last(job_id)
+    if problem:
+        return problem
+    lines = pd.concat([run.lines("collective", rank).assign(rank=rank) for rank in sorted(run.ranks)], ignore_index=True)
+    if lines.empty or "own_s" not in lines:
+        return failed("the run timed no collective: was it comm_bench.py, without --measure peak?")
+    spread = lines.groupby(["op", "ranks", "bytes", "repeat"])["time_s"].agg(lambda t: t.max() - t.min())
+    apart = int((spread > 0).sum())
+    shorter = int((lines["time_s"] < lines["own_s"]).sum())
+    table = bandwidth_table(run)
+    largest = table[table["bytes"] == table["bytes"].max()]
+    details = [f"{r.op} on {r.ranks} ranks, {r.bytes / 2**20:g} MiB: busbw {r.busbw_gbs:.3g} [{r.busbw_low:.3g}–"
+               f"{r.busbw_high:.3g}] GB/s" for r in largest.itertuples()]
+    if apart or shorter:
+        return failed(f"{apart} of {len(spread)} collectives have a different time on each rank: each rank timed "
+                      "itself, but a collective has ended only when its slowest rank has — take the maximum of the "
+                      "ranks' times (TODO TP4.9 in comm_bench.py)", details)
+    return passed(f"every time is the slowest rank's ({len(spread)} collectives on {run.world_size} ranks); at "
+                  f"{largest['bytes'].max() / 2**20:g} MiB the bus bandwidth reads "
+                  + ", ".join(f"{r.op} {r.busbw_gbs:.3g} GB/s" for r in largest.itertuples()), details)

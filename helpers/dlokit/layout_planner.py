@@ -1,6 +1,6 @@
 """Which layout trains fastest? Every layout the kit runs, its memory per rank and its step time, ranked.
 
-    hw = measured_hardware(peak_job, comm_job)            # this machine: matmul_peak.py and comm_bench.py's jobs
+    hw = measured_hardware(peak_job, comm_job)            # this machine: comm_bench.py --measure peak and comm_bench.py's jobs
     hw = paper_hardware("H100-80GB")                       # or a cluster on paper: datasheet peak and link rates
     table = plan(config, world=2, memory_gib=6, hardware=hw, batch_size=8, seq_len=64)
     table.head()                                           # rank 1 first; a layout that does not fit has no rank
@@ -32,6 +32,9 @@ from dlokit.script_modules import common_module
 
 LLM = Path(__file__).resolve().parents[2] / "tp_scripts" / "llm" / "solutions"
 GIB = memory_model.GIB
+# What a card gives the tensors the memory model counts: the CUDA context (and cuBLAS's workspace) and NCCL's
+# buffers (parallel jobs) come off first, then a share for the caching allocator's fragmentation (dlokit.gpu_plan's).
+MARGIN = {"cuda_context_gib": 1.0, "nccl_gib": 1.0, "allocator_share": 0.10}
 ACCUMULATIONS = (1, 2, 4)
 # Cluster targets on paper, from the datasheets: MFU's dense peaks (tp_scripts/llm/common/mfu.py), the GPU's NVLink
 # (per direction: NVLink 4 on H100 SXM 900 GB/s both ways, NVLink 3 on A100 SXM 600), one InfiniBand NIC per GPU
@@ -45,7 +48,7 @@ PAPER = {
 
 
 def measured_hardware(peak_run, comm_run, ranks_per_node: int | None = None) -> Hardware:
-    """This cluster as its own jobs measured it: each rank's share of the matmul peak matmul_peak.py measured (every
+    """This cluster as its own jobs measured it: each rank's share of the matmul peak comm_bench.py --measure peak measured (every
     rank at once), and comm_bench.py's bus bandwidths; NCCL overlaps data-parallel collectives, gloo does not."""
     peak_run = load_run(peak_run) if isinstance(peak_run, str) else peak_run
     comm_run = load_run(comm_run) if isinstance(comm_run, str) else comm_run
@@ -62,15 +65,19 @@ def measured_hardware(peak_run, comm_run, ranks_per_node: int | None = None) -> 
                           f"({table.attrs.get('backend')})")
 
 
-def memory_per_rank_gib(peak_run) -> float:
-    """What the memory model's tensors may take on each rank of this machine, from matmul_peak.py's record: a GPU's
-    memory after gpu_plan's margins, or on a CPU 90 % of the host's share of each rank."""
-    from dlokit.gpu_plan import usable_gib
+def usable_gib(card_gib: float, ranks: int) -> float:
+    """What the memory model's tensors may take of a card of `card_gib`, after MARGIN."""
+    left = card_gib - MARGIN["cuda_context_gib"] - (MARGIN["nccl_gib"] if ranks > 1 else 0.0)
+    return left * (1 - MARGIN["allocator_share"])
 
+
+def memory_per_rank_gib(peak_run) -> float:
+    """What the memory model's tensors may take on each rank of this machine, from comm_bench.py --measure peak's
+    record: a GPU's memory after MARGIN, or on a CPU 90 % of the host's share of each rank."""
     run = load_run(peak_run) if isinstance(peak_run, str) else peak_run
     memory = float(run.summary.get("memory_bytes_per_rank") or 0) / GIB
     if not memory:
-        raise ValueError(f"matmul_peak.py run {run.run_id} recorded no memory_bytes_per_rank ({run.state})")
+        raise ValueError(f"comm_bench.py --measure peak run {run.run_id} recorded no memory_bytes_per_rank ({run.state})")
     return usable_gib(memory, run.world_size) if run.summary.get("device_type") == "cuda" else 0.9 * memory
 
 
@@ -246,8 +253,6 @@ def on_paper(config, target: str = "H100-80GB", gpus: int = 8, *, batch_size: in
              dtype: str = "bf16", ranks_per_node: int = 8) -> pd.DataFrame:
     """The plan for a cluster-sized target: `gpus` GPUs of `target` (PAPER), their usable memory as gpu_plan counts
     it (the CUDA context, NCCL's buffers and the allocator's share off)."""
-    from dlokit.gpu_plan import usable_gib
-
     hardware = paper_hardware(target, dtype, ranks_per_node)
     usable = usable_gib(PAPER[target]["memory_gib"], gpus)
     table = plan(config, world=gpus, memory_gib=usable, hardware=hardware, batch_size=batch_size, seq_len=seq_len,
@@ -259,3 +264,20 @@ def on_paper(config, target: str = "H100-80GB", gpus: int = 8, *, batch_size: in
 def tokens_per_s(table: pd.DataFrame) -> float:
     ranked = table[table["fits"]]
     return float(ranked["tokens_per_s"].iloc[0]) if len(ranked) else math.nan
+
+
+def predicted_step(config, *, target: str = "H100-80GB", batch_size: int, seq_len: int, dp: int = 1, zero: int = 0,
+                   tp: int = 1, pp: int = 1, cp: int = 1, microbatches: int = 1, precision: str = "bf16-mixed",
+                   activation_checkpointing: bool = False, **_) -> str:
+    """The step model's time for a layout of memory_model.calculator's options on `target` (PAPER), in a sentence."""
+    config = dict(config) if isinstance(config, dict) else asdict(config)
+    dtype = "fp32" if precision == "fp32" else "bf16"
+    layout = Layout("calculator", dp_replicate=dp if zero < 3 else 1, dp_shard=dp if zero >= 3 else 1, tp=tp, pp=pp,
+                    cp=cp, zero=zero, pp_schedule="1f1b", microbatches=microbatches,
+                    activation_checkpointing=activation_checkpointing)
+    hardware = paper_hardware(target, dtype, ranks_per_node=8)
+    t = step_time(config, layout, batch_size=batch_size * dp, seq_len=seq_len, hardware=hardware, dtype=dtype)
+    tokens = batch_size * dp * seq_len / t.total
+    return (f"predicted step on {layout.world} x {target} ({dtype}): {1e3 * t.total:.0f} ms = compute "
+            f"{1e3 * t.compute:.0f} + exposed communication {1e3 * t.exposed:.0f} + bubble {1e3 * t.bubble:.0f}; "
+            f"{tokens:,.0f} tokens/s (on paper: datasheet peak and line rates)")
