@@ -115,6 +115,9 @@ def main(argv=None) -> int:
         return 0
     import deepspeed
 
+    # DeepSpeed compiles a shared-memory all-reduce for CPU inference at its first start (35-53 s here, and again
+    # whenever another environment rebuilt it in the same cache); training over gloo or NCCL never calls it
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=dist.get_backend())  # adopts the process group joined above
     peers = Peers(env.rank, env.world_size, device, script="train_deepspeed.py",
                   record=lambda status, reason: recorder.finish(status=status, error=reason)).start_watching()
