@@ -115,8 +115,9 @@ def comparison_plot(table: pd.DataFrame):
                   ecolor="black", capsize=4)
     for index, row in table.iterrows():
         if math.isfinite(row["step_ratio"]):
-            step.annotate(f"×{row['step_ratio']:.1f}", (index + 0.2, row["step_high_ms"]), ha="center", va="bottom",
+            step.annotate(f"×{row['step_ratio']:.1f}\n[{row['step_ratio_low']:.1f}–{row['step_ratio_high']:.1f}]",
+                          (index + 0.2, row["step_high_ms"]), ha="center", va="bottom",
                           fontsize=7, xytext=(0, 2), textcoords="offset points")
     memory.set_title("memory per rank: memory model against the tensors held", fontsize=9)
-    step.set_title("step time: step model against the settled steps (×: measured / predicted)", fontsize=9)
+    step.set_title("step time: step model against the settled steps (×: measured / predicted, 95 % interval)", fontsize=9)
     return figure
