@@ -181,22 +181,35 @@ def fsdp_probe() -> None:
     rank.destroy_process_group()
 
 
+def compile_device() -> str:
+    """Where the course compiles: a GPU node's first GPU (TP3.3 and TP4.2 compile there), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def compile_probe() -> None:
-    """torch.compile of a small function gives eager's answer (the node's C++ compiler and this user's cache)."""
+    """torch.compile of a small function gives eager's answer on the device the course compiles for: on a GPU, Inductor's
+    Triton kernels; on a CPU, its C++ (the node's compiler). Either way this user's kernel cache."""
     import torch
 
     def f(x):
         return torch.sin(x) * 2 + x.cos()
 
-    x = torch.randn(1000)
+    device = compile_device()
+    where = {"device": device, "backend": "triton" if device == "cuda" else "cpp",
+             "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")}
+    if device == "cuda":
+        where["gpu"] = torch.cuda.get_device_name(0)
+    x = torch.randn(1000, device=device)
     start = time.perf_counter()
     try:
-        same = bool(torch.allclose(torch.compile(f)(x), f(x), atol=1e-5))
+        compiled = torch.compile(f)(x)
+        same = bool(torch.allclose(compiled, f(x), atol=1e-5))  # .item() waits for the device's kernels
     except Exception as err:  # the compiler's own message is the finding
-        say(probe="compile", error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:400]}")
+        say(probe="compile", error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:400]}", **where)
         return
-    say(probe="compile", same=same, seconds=round(time.perf_counter() - start, 1),
-        cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    say(probe="compile", same=same, seconds=round(time.perf_counter() - start, 1), **where)
 
 
 def data_probe(folder: str, generated: str) -> None:

@@ -251,13 +251,24 @@ def compile_finding(card, outcome):
     lines, problem = _said_if_completed("compile", card, outcome, "read the job's log")
     if problem:
         return problem
-    line = lines[0]
+    return compile_judged(lines[0])
+
+
+def compile_judged(line: dict):
+    """The probe's line as a finding that names the device it compiled for (a CPU node's pass says nothing of Triton)."""
+    on_gpu = line.get("device") == "cuda"
+    where = f"on {line.get('gpu') or 'the GPU'} (Inductor's Triton kernels)" if on_gpu else \
+        "on the CPU (Inductor's C++; no GPU in the job, so Triton was not tested)"
     if "error" in line:
-        return failed("compile", line["error"], "install a C++ compiler on the nodes (g++; or load its module in "
-                                                "setup) and make TORCHINDUCTOR_CACHE_DIR a folder you can write")
+        fix = ("install the triton that matches this torch (pip install triton; it ships with torch's CUDA wheels) "
+               "and make TORCHINDUCTOR_CACHE_DIR a folder you can write") if on_gpu else \
+            "install a C++ compiler on the nodes (g++; or load its module in setup) and make TORCHINDUCTOR_CACHE_DIR " \
+            "a folder you can write"
+        return failed("compile", f"{where}: {line['error']}", fix)
     if not line["same"]:
-        return failed("compile", "the compiled function's answer differs from eager's", "report it to the site")
-    return passed("compile", f"compiled and matched eager in {line['seconds']} s (cache {line['cache'] or 'default'})")
+        return failed("compile", f"{where}: the compiled function's answer differs from eager's", "report it to the site")
+    return passed("compile", f"compiled {where} and matched eager in {line['seconds']} s "
+                             f"(cache {line['cache'] or 'default'})")
 
 
 def data_finding(card, outcome, folder: str):

@@ -56,7 +56,8 @@ CHECKS = {
     "profiler trace": "a CUDA trace read by the kit's trace reader holds kernels with a duration",
     "GPU energy": "NVML's energy counter of the task's own physical GPU is readable",
     "FSDP2": "fully_shard on 2 GPUs: each rank holds half of every weight, and a step runs",
-    "compile": "torch.compile of a small function gives eager's answer (C++ compiler, the user's cache)",
+    "compile": "torch.compile of a small function gives eager's answer on the job's device (a GPU: Triton; a CPU: "
+               "the C++ compiler; the user's cache)",
     "data": "the data set has the ImageNet layout, or the generated one can be written where the notebooks put it",
 }
 
