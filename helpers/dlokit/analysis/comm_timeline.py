@@ -13,7 +13,9 @@ from pathlib import Path
 from dlokit.analysis.figures import message_figure, new_figure
 from dlokit.analysis.profiler import communication_spans, within
 
-LAYERS = (("compute", "aten operators (main thread)", "tab:blue"), ("comm", "collectives", "tab:orange"))
+LAYERS = (("compute", "tab:blue"), ("comm", "tab:orange"))
+LABELS = {"host threads": {"compute": "aten operators (main thread)", "comm": "collectives"},
+          "CUDA streams": {"compute": "GPU kernels, copies", "comm": "NCCL kernels"}}
 
 
 def communication_timeline(traces):
@@ -26,7 +28,8 @@ def communication_timeline(traces):
     for row, trace in enumerate(traces):
         spans = communication_spans(trace)
         first, last = spans["steps"][0][0], spans["steps"][-1][1]
-        for offset, (name, label, color) in enumerate(LAYERS):
+        for offset, (name, color) in enumerate(LAYERS):
+            label = LABELS[spans["timeline"]][name]
             bars = [((a - first) / 1e3, (b - a) / 1e3) for a, b in within(spans[name], first, last)]
             ax.broken_barh(bars, (row + 0.05 + 0.45 * offset, 0.4), color=color, label=label if row == 0 else None)
         for start, _ in spans["steps"]:

@@ -254,18 +254,36 @@ COMMUNICATION_PREFIXES = ("gloo:", "nccl:")  # the backend's own spans of a coll
 
 
 def communication_spans(path) -> dict:
-    """One profiled rank's timeline, in µs of its trace: {"steps": [(start, end)] of each profiled step, "comm":
-    the union of the backend's collective spans (gloo's worker threads, NCCL's kernels), "compute": the union of
-    the aten operators of the main thread (the training loop's)}."""
+    """One profiled rank's timeline, in µs of its trace: {"steps": [(start, end)] of each profiled step, "comm": the
+    union of the collectives' spans, "compute": the union of the spans that compute, "timeline": where they were read}.
+
+    On a CUDA trace, the GPU streams ("CUDA streams"): the steps are the device copies of `ProfilerStep#N`, the
+    collectives NCCL's kernels, the computation every other kernel, copy and fill (the backward runs on autograd's
+    device thread and the host's operator spans only time the launches). On a CPU trace, the host ("host threads"):
+    the backend's collective spans (gloo's worker threads) and the aten operators of the training loop's thread."""
     events = timed_events(read_trace(path))
+    device = [e for e in events if on_device(e)]
+    if any(_category(e) == "Communication" for e in device):
+        steps = [e for e in device if str(e.get("name", "")).startswith(STEP_PREFIX)]
+        return {"steps": _device_step_windows(steps) if steps else _step_windows(events), "timeline": "CUDA streams",
+                "comm": _merge((e["ts"], e["ts"] + e["dur"]) for e in device if _category(e) == "Communication"),
+                "compute": _merge((e["ts"], e["ts"] + e["dur"]) for e in device
+                                  if _category(e) in ("Kernel", "Memcpy", "Memset"))}
     main = _main_thread(events)
-    return {"steps": _step_windows(events),
+    return {"steps": _step_windows(events), "timeline": "host threads",
             "comm": _merge((e["ts"], e["ts"] + e["dur"]) for e in events
                            if str(e.get("name", "")).startswith(COMMUNICATION_PREFIXES) or
                            (on_device(e) and is_nccl(e))),
             "compute": _merge((e["ts"], e["ts"] + e["dur"]) for e in events
                               if e.get("tid") == main and not on_device(e) and
                               str(e.get("name", "")).startswith("aten::"))}
+
+
+def _device_step_windows(steps) -> list[tuple[float, float]]:
+    """[start, end) of each step on the GPU: from its device span to the next one's; the last one, its own span."""
+    steps = sorted({e["name"]: e for e in steps}.values(), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in steps]
+    return [(start, starts[i + 1]) for i, start in enumerate(starts[:-1])] + [(starts[-1], steps[-1]["ts"] + steps[-1]["dur"])]
 
 
 def within(spans, start: float, end: float):
@@ -275,9 +293,9 @@ def within(spans, start: float, end: float):
 
 def communication_per_step(path) -> dict:
     """How long a profiled rank communicated, per step, from the trace itself: {"steps", "step_ms", "comm_ms",
-    "exposed_ms"}. comm_ms: the collective spans within each step (communication_spans); exposed_ms: the part of
-    it during which the rank's main thread computed nothing (no aten operator running): communication the
-    backward pass did not hide. Means over the profiled steps."""
+    "exposed_ms", "timeline"}. comm_ms: the collective spans within each step (communication_spans); exposed_ms: the
+    part of it during which the rank computed nothing (on a GPU no other kernel on any stream, on a CPU no aten
+    operator on the main thread): communication the backward pass did not hide. Means over the profiled steps."""
     spans = communication_spans(path)
     rows = []
     for start, end in spans["steps"]:
@@ -285,7 +303,8 @@ def communication_per_step(path) -> dict:
         rows.append((end - start, _length(inside), _length(inside) - _overlap(inside, spans["compute"])))
     n = max(1, len(rows))
     return {"steps": len(rows), "step_ms": sum(r[0] for r in rows) / n / 1e3,
-            "comm_ms": sum(r[1] for r in rows) / n / 1e3, "exposed_ms": sum(r[2] for r in rows) / n / 1e3}
+            "comm_ms": sum(r[1] for r in rows) / n / 1e3, "exposed_ms": sum(r[2] for r in rows) / n / 1e3,
+            "timeline": spans["timeline"]}
 
 
 def allreduce_share(exposed_ms: float, lost_ms: tuple[float, float, float], profiled_step_ms: float | None = None) -> str:
@@ -407,7 +426,8 @@ def allreduce_cost(traces, by_size: dict) -> str:
         f"a rank's step: {base_ms:.0f} ms alone, ×{step.value:.2f} [{step.low:.2f}–{step.high:.2f}] on "
         f"{max(by_size)} ranks: {lost[0]:.0f} ms [{lost[1]:.0f}–{lost[2]:.0f}] more per step (TP2.2's runs)",
         f"the profiled {max(by_size)}-rank job ({comm['steps']} steps, {comm['step_ms']:.0f} ms each): all-reduces "
-        f"ran {comm['comm_ms']:.0f} ms per step, {comm['exposed_ms']:.0f} ms of it with no computation beside them",
+        f"ran {comm['comm_ms']:.0f} ms per step, {comm['exposed_ms']:.0f} ms of it with no computation beside them "
+        f"(read from its {comm['timeline']})",
         allreduce_share(comm["exposed_ms"], lost, profiled_step_ms=comm["step_ms"])])
 
 
