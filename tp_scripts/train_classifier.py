@@ -351,7 +351,8 @@ def open_records(t: Training, launcher: str, start: dict) -> Instrument:
               "warmup_steps": warmup_steps(args, t.steps_per_epoch)}
     ins = Instrument(config, rank=t.rank, world_size=t.world_size, run_id=shared_run_id(), runs_dir=args.runs_dir,
                      device=t.device, start_step=start["step"], total_steps=t.total_steps,
-                     breakdown_every=args.breakdown_every, print_every=args.print_every, say=t.say)
+                     breakdown_every=args.breakdown_every, print_every=args.print_every, say=t.say,
+                     model=t.raw_model, optimizer=t.optimizer)
     t.checkpoint_path = args.checkpoint_path or ins.folder / "checkpoint.pt"
     t.say(f"run {ins.record.run_id} | {t.world_size} process(es) via {launcher} on {t.device.type} | {args.model} "
           f"{param_count / 1e6:.1f}M params | batch {args.batch_size}/process, {args.batch_size * t.world_size} "

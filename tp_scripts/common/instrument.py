@@ -6,6 +6,7 @@ shows the training and nothing else.
     ins.split("data") ... ins.split("optimizer")   # after each phase of the step
     ins.observe_once(t, images=..., ...)   # first step only: what really ran -> run.json "observed"
     ins.end_step(step, epoch=..., ...)     # the step's metrics line (on a GPU: once its timing is known)
+    ins.tensor_memory                      # the timing warm-up steps' tensors (tensor_memory.py) -> summary
     ins.event("checkpoint_saved", ...)     # an event line: work done between two steps
     if ins.checkpoint_due(step): ...       # --checkpoint-on-signal: SIGUSR1/SIGUSR2 came, every rank stops here
     ins.finish(...)                        # summary.json and the closing lines
@@ -21,6 +22,10 @@ instead of waiting in their next collective until the NCCL timeout), a cancelled
 scancel or torchrun, SIGINT from Ctrl-C: `cancelled`, exit code 128 + the signal's number), a job whose time
 is nearly up (--checkpoint-on-signal: SIGUSR1 or SIGUSR2, Slurm's --signal warning: a checkpoint at the next
 step boundary, `checkpointed`, exit code 75 = run me again with --resume).
+
+Memory: the process's peak (host RSS; on a GPU, max_memory_allocated) and, on the timing warm-up steps, what the
+step holds in tensors (tensor_memory.py: autograd's saved tensors, weights, gradients, optimizer states), which
+grows with the batch image by image where RSS hides it; `tensor_*_mib` on those steps' lines and in the summary.
 
 Timing keeps the CPU/GPU overlap that Day 1 teaches (dlokit.in_job.measure.StepClock): on a GPU, an ordinary
 step is timed as a whole with CUDA events and costs no synchronisation; the phase split (data, h2d,
@@ -52,6 +57,7 @@ from dlokit.in_job.peers import (ACK_WAIT_S, LEAVE_GRACE_S, WATCH_EVERY_S, Peers
 from dlokit.in_job.runrecord import RunRecorder
 
 from .image_data import uses_randaugment
+from .tensor_memory import TensorMemory
 from .train_options import augmentations
 
 TIMING_WARMUP_STEPS = 2  # left out of the averages: first steps pay for allocation, autotuning, compilation
@@ -65,7 +71,8 @@ class Instrument(Peers):
     """The classifier's timings, memory, energy and run record; as a Peers, how its rank ends early."""
 
     def __init__(self, config: dict, *, rank: int, world_size: int, run_id: str, runs_dir, device,
-                 start_step: int, total_steps: int, breakdown_every: int, print_every: int, say=print):
+                 start_step: int, total_steps: int, breakdown_every: int, print_every: int, say=print,
+                 model=None, optimizer=None):
         super().__init__(rank, world_size, device, script="train_classifier.py")
         self.record = RunRecorder(config, rank=rank, world_size=world_size, run_id=run_id, runs_dir=runs_dir,
                                   script="train_classifier.py", device=device)
@@ -77,6 +84,10 @@ class Instrument(Peers):
         self.energy = EnergyMeter(device)
         self.host_energy = HostEnergyMeter()  # RAPL, where the host lets us read it
         self.observed = None
+        # the hooks cost a little Python per saved tensor: only the warm-up steps, which the timings leave out;
+        # torch.compile's graphs would have to be traced again with them
+        self.tensors = TensorMemory(model, optimizer) if model is not None and not config.get("compile") else None
+        self.tensor_memory: dict = {}
         self.notes = [note for note in [validation_skipped(config)] if note]
         for note in self.notes:
             say(note)
@@ -100,19 +111,32 @@ class Instrument(Peers):
         """`step`: the number the step will have once done (global, from 1)."""
         self.step = step
         self.tick(f"step {step}")
+        if self.tensors is not None and step <= self.warmup_until:
+            self.tensors.start()
         self.clock.start(step)
 
     def split(self, name: str) -> None:
         self.clock.split(name)
+        if name == "backward" and self._measuring():
+            self.tensors.after_backward()
         self.tick(f"step {self.step}, after its {name} phase")
 
     def end_step(self, step: int, *, epoch: int, lr: float, samples: int, **metrics) -> None:
         """Queue the step's metrics line; lines are written, in order, once their timing is known."""
         if metrics:
             self.last_metrics = metrics
+        if self._measuring():
+            self.tensors.stop()
+            counts = {f"tensor_{key}": value for key, value in self.tensors.mib().items()}
+            if counts["tensor_held_mib"] >= (self.tensor_memory.get("tensor_held_mib") or 0):
+                self.tensor_memory = counts
+            metrics = {**metrics, **counts}
         self.steps_done, self.first_step_done = step, True
         self.clock.stop({"epoch": epoch, "lr": lr, "batch_size": samples, **metrics})
         self._write(self.clock.ready())
+
+    def _measuring(self) -> bool:
+        return self.tensors is not None and self.tensors.active
 
     def flush(self) -> None:
         """Write every queued step line (waits for the device once if it is behind)."""
@@ -259,6 +283,7 @@ class Instrument(Peers):
             "throughput_train": samples / pace if timed else None,
             "throughput_compute": samples / t_step if timed else None,
             "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device), "host_rss_peak_mb": peak_rss_mb(),
+            **self.tensor_memory,
             **self.energy.summary(), **self.host_energy.summary(), "process_started_unix": process_started_unix(),
             "train_loss": self.last_metrics.get("loss"), "notes": self.notes,
             **extra,
@@ -376,7 +401,8 @@ class Instrument(Peers):
 
     def _early_summary(self) -> dict:
         return {"steps": self.steps_done, "gpu_mem_peak_mb": peak_gpu_memory_mb(self.device),
-                "host_rss_peak_mb": peak_rss_mb(), **self.energy.summary(), **self.host_energy.summary(),
+                "host_rss_peak_mb": peak_rss_mb(), **self.tensor_memory, **self.energy.summary(),
+                **self.host_energy.summary(),
                 "process_started_unix": process_started_unix(),
                 "train_loss": self.last_metrics.get("loss"), "notes": self.notes, "observed": self.observed}
 

@@ -134,6 +134,11 @@ class TensorMemory:
             optimizer=bytes_once(optimizer_states(self.optimizer)) if self.optimizer is not None else 0,
             device_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
 
+    @property
+    def active(self) -> bool:
+        """Between start() and stop()."""
+        return self._hooks is not None
+
     @contextmanager
     def step(self):
         self.start()

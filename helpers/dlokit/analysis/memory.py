@@ -2,6 +2,12 @@
 
 Peak memory grows about linearly with the batch: the intercept is what does not depend on the batch
 (weights, gradients, optimizer states), the slope is the activation memory per sample.
+
+The line is drawn through what a step holds in tensors (train_classifier.py's `tensor_held_mib`, counted by
+tp_scripts/common/tensor_memory.py: autograd's saved tensors, weights, gradients, optimizer states) when the records
+have it: those counts are the same every run, so the slope's interval excludes 0 every time. A process's peak RSS
+(~760 MiB on the CPU, the interpreter and the libraries) moved by tens of MiB from run to run and hid Day 1's
+activations: its slope read 0.04 [-1.71–1.80] MiB per image in one course run, 0.26 [0.09–0.43] in the next.
 """
 from __future__ import annotations
 
@@ -13,16 +19,35 @@ import pandas as pd
 from dlokit.analysis import stats
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import COMPLETED, load_runs
-from dlokit.analysis.table import runs_table
+from dlokit.analysis.table import as_number, runs_table
+
+
+BASES = {  # memory= : (the column, the plot's axis, its points' label)
+    "tensors": ("tensor_held_mib", "tensors held by a step",
+                "tensors a step holds (autograd's saved activations + weights, gradients, optimizer states)"),
+    "gpu": ("gpu_mem_peak_mb", "GPU peak allocated", "GPU peak allocated (max_memory_allocated)"),
+    "host": ("host_rss_peak_mb", "host peak RSS", "host peak RSS (the process: interpreter and libraries too)"),
+}
+
+
+def tensor_held_mib(run):
+    """The busiest rank's tensors held by a step (its summary's tensor_held_mib), None when not recorded."""
+    values = [as_number(summary.get("tensor_held_mib")) for summary in run.summaries]
+    return max((v for v in values if v is not None), default=None)
 
 
 def memory_table(runs, runs_dir=None, memory: str = "auto") -> pd.DataFrame:
-    """batch_size, peak memory (MiB), oom, state per run; memory='gpu', 'host' or 'auto' (GPU if any)."""
-    table = runs_table(load_runs(runs, runs_dir))
+    """batch_size, peak memory (MiB), oom, state per run; memory='tensors', 'gpu', 'host' or 'auto': the tensors a
+    step holds when any record has them, else the GPU's peak if any, else the host's."""
+    loaded = load_runs(runs, runs_dir)
+    table = runs_table(loaded)
+    table["tensor_held_mib"] = [tensor_held_mib(run) for run in loaded]
     if memory == "auto":
-        memory = "gpu" if table["gpu_mem_peak_mb"].notna().any() else "host"
-    column = {"gpu": "gpu_mem_peak_mb", "host": "host_rss_peak_mb"}[memory]
+        memory = next(basis for basis, (column, *_) in BASES.items()
+                      if basis == "host" or table[column].notna().any())
+    column = BASES[memory][0]
     out = table[["run_id", "state", "batch_size", column, "oom"]].rename(columns={column: "peak_mb"})
+    out["peak_mb"] = pd.to_numeric(out["peak_mb"], errors="coerce")
     out.attrs["memory"] = memory
     return out.sort_values("batch_size", na_position="last").reset_index(drop=True)
 
@@ -30,8 +55,9 @@ def memory_table(runs, runs_dir=None, memory: str = "auto") -> pd.DataFrame:
 def memory_fit(table: pd.DataFrame) -> dict | None:
     """Least-squares line through completed runs (scipy.stats.linregress): {'model_mb', 'activation_mb_per_sample',
     'slope_low', 'slope_high', 'points'}, the slope's 95 % interval from its standard error (NaN with two points:
-    a line through two points has none), and 'slope_shown': False when that interval contains 0 or is missing — the peaks' noise drowns the activations (host memory
-    holds the interpreter and the libraries too, and moves by tens of MiB from run to run)."""
+    a line through two points has none), and 'slope_shown': False when that interval contains 0 or is missing — the
+    peaks' noise drowns the activations (host memory holds the interpreter and the libraries too, and moves by tens
+    of MiB from run to run; the tensors a step holds do not move)."""
     from scipy import stats as scipy_stats
 
     ok = table[(table["state"] == COMPLETED) & ~table["oom"]].dropna(subset=["batch_size", "peak_mb"])
@@ -46,7 +72,8 @@ def memory_fit(table: pd.DataFrame) -> dict | None:
 
 
 def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
-    """Scatter of peak memory vs batch size, a linear fit, and a red cross per OOM batch size."""
+    """Scatter of peak memory vs batch size, a linear fit, and a red cross per OOM batch size; the axis names
+    what was measured (memory_table's basis)."""
     table = memory_table(runs, runs_dir, memory)
     measured = table[~table["oom"]].dropna(subset=["batch_size", "peak_mb"])
     ooms = table[table["oom"]].dropna(subset=["batch_size"])
@@ -56,12 +83,13 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
         return message_figure(notes or ["no runs"], title="memory vs batch size")
     figure, axes = new_figure()
     ax = axes[0, 0]
-    ax.plot(measured["batch_size"], measured["peak_mb"], "o", label="peak memory", color="tab:blue")
+    _, axis, basis = BASES[table.attrs["memory"]]
+    ax.plot(measured["batch_size"], measured["peak_mb"], "o", label=basis, color="tab:blue")
     fit = memory_fit(table)
     if fit:
         xs = np.linspace(0, max(table["batch_size"].dropna().max(), 1), 50)
-        slope = (f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] MiB/sample"
-                 if np.isfinite(fit["slope_low"]) else f"{fit['activation_mb_per_sample']:.2f} MiB/sample")
+        slope = (f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] MiB/image"
+                 if np.isfinite(fit["slope_low"]) else f"{fit['activation_mb_per_sample']:.2f} MiB/image")
         ax.plot(xs, fit["model_mb"] + fit["activation_mb_per_sample"] * xs, "--", color="tab:gray",
                 label=f"fit: {fit['model_mb']:.0f} MiB + {slope}" + ("" if fit["slope_shown"] else " (two points: no interval)"
                                                               if fit["points"] < 3 else " (within noise)"))
@@ -71,8 +99,7 @@ def memory_vs_batch(runs, runs_dir=None, memory: str = "auto"):
         ax.plot(ooms["batch_size"], ys, "x", color="tab:red", markersize=12, mew=3, label="out of memory")
         for b in ooms["batch_size"]:
             ax.axvline(b, color="tab:red", alpha=0.3)
-    label = "GPU peak allocated" if table.attrs["memory"] == "gpu" else "host peak RSS"
-    ax.set(xlabel="batch size (per GPU)", ylabel=f"{label} (MiB)", title="memory vs batch size")
+    ax.set(xlabel="batch size (per GPU)", ylabel=f"{axis} (MiB)", title="memory vs batch size")
     ax.legend(fontsize=8)
     add_notes(figure, notes)
     return figure
@@ -176,7 +203,8 @@ class BatchScan:
         self.outcomes = pd.DataFrame({"job": self.jobs, "batch_size": list(sizes), "outcome": list(states)})
         self.fits = self.outcomes[self.outcomes["outcome"] == "COMPLETED"]
         self.oom = self.outcomes[self.outcomes["outcome"] == "OUT_OF_MEMORY"]
-        self.fit = memory_fit(memory_table(self.jobs, runs_dir))
+        table = memory_table(self.jobs, runs_dir)
+        self.basis, self.fit = table.attrs["memory"], memory_fit(table)
 
     @property
     def largest_fitting(self) -> int | None:
@@ -195,11 +223,13 @@ class BatchScan:
         if fit and fit["slope_shown"]:
             lines.append(f"linear fit: {fit['model_mb']:.0f} MiB that do not depend on the batch + "
                          f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] "
-                         "MiB per image (95 % interval)")
-            lines.append(f"(weights + gradients + momentum alone are {self.model_states_mib:.0f} MiB; "
-                         + ("the rest of the intercept is workspaces and transient tensors: max_memory_allocated "
-                            "leaves out the CUDA context and the allocator's cache)" if self.on_gpu else
-                            "on the CPU the intercept also holds the interpreter and the PyTorch libraries)"))
+                         f"MiB per image (95 % interval), measured on the {BASES[self.basis][2]}")
+            lines.append(f"(weights + gradients + momentum alone are {self.model_states_mib:.0f} MiB; " + (
+                "the rest, if any, is the weights' 16-bit copies that autocast keeps for backward)"
+                if self.basis == "tensors" else
+                "the rest of the intercept is workspaces and transient tensors: max_memory_allocated "
+                "leaves out the CUDA context and the allocator's cache)" if self.on_gpu else
+                "on the CPU the intercept also holds the interpreter and the PyTorch libraries)"))
         elif fit and fit["points"] < 3:
             lines.append(f"two batch sizes only: the line through them ({fit['activation_mb_per_sample']:.2f} MiB "
                          "per image) has no interval, so it cannot tell activations from noise; add sizes to "

@@ -50,8 +50,10 @@ def on_device(job_ids):
         moved = {what: seen.get(f"{what}_to_device") for what in ("model", "batch")}
         memory = run.summary.get("gpu_mem_peak_mb") or run.summary.get("host_rss_peak_mb")
         where = "GPU" if run.summary.get("gpu_mem_peak_mb") is not None else "host"
+        held = as_number(run.summary.get("tensor_held_mib"))
         details.append(f"run {run.run_id} (batch {run.config.get('batch_size')}, device {wanted}): batch on "
-                       f"{batch}, weights on {weights}, {where} peak {as_number(memory) or float('nan'):.0f} MiB")
+                       f"{batch}, weights on {weights}, {where} peak {as_number(memory) or float('nan'):.0f} MiB"
+                       + (f", tensors held by a step {held:.0f} MiB" if held is not None else ""))
         not_moved = [what for what, value in moved.items() if value is False]
         if not (batch.startswith(wanted) and weights.startswith(wanted)):
             failures.append(f"run {run.run_id} was to compute on {wanted} but the batch was on {batch} and the "
@@ -96,7 +98,7 @@ def amp(baseline_ids, amp_ids):
         details.append(f"run {run.run_id} --amp {run.config.get('amp')}: logits in {got}, GradScaler "
                        f"{seen.get('grad_scaler')}; "
                        f"{compare_text('compute throughput', run, base, 'throughput_compute', 'img/s')}; "
-                       f"{compare_text(memory_key(run), run, base, memory_key(run), 'MiB')}")
+                       f"{memory_text(run, base)}")
         if wanted is None:
             problems.append(f"run {run.run_id} was not started with --amp bf16 or --amp fp16")
         elif got != wanted:
@@ -116,6 +118,14 @@ def amp(baseline_ids, amp_ids):
         "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
     return from_parts([code, effect], "16-bit compute observed" + (
         "" if effect is None or effect.status != PASSED else ", and the step got faster"), details)
+
+
+def memory_text(run, base) -> str:
+    """The activations autograd saved for backward, counted from the tensors (the same every run: 16-bit ones take
+    half the bytes), when both records have them; else the process's peak memory."""
+    if all(as_number(r.summary.get("tensor_saved_mib")) is not None for r in (run, base)):
+        return compare_text("activations saved for backward (tensors)", run, base, "tensor_saved_mib", "MiB")
+    return compare_text(memory_key(run), run, base, memory_key(run), "MiB")
 
 
 def _baselines(baseline_ids):
