@@ -6,12 +6,14 @@
     dlokit queue --name alice
     dlokit outcome 1234
     dlokit doctor --profile local-slurm        # before class: every path the course takes, checked on the site
+    dlokit plan --config 1b --n-gpu 64 --profile jean-zay --preview --account abc@a100   # which layout, on paper
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from . import plan_cli
 from .submission import jobs, profiles
 from .submission.jobspec import JobSpec, JobSpecError, plan, sbatch_preview
 from .submission.queue import display_slurm_queue
@@ -43,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--gpus", type=int, default=2, help="tasks of the multi-task checks (default 2)")
     doctor.add_argument("--data", default="", help="the data set folder the notebooks will read (DATA); "
                         "default: check that the generated one can be written")
+    plan_parser = sub.add_parser("plan", help="rank every layout of a model on a cluster's GPUs, on paper")
+    plan_cli.add_arguments(plan_parser)
     args = parser.parse_args(argv)
 
+    if args.verb == "plan":
+        return plan_cli.run(args)
     if args.verb == "doctor":
         from .doctor import run
 

@@ -244,7 +244,8 @@ def preview(row, *, profile: str, n_gpu: int, time_max: str = "00:30:00", accoun
 
     a = row.attrs if hasattr(row, "attrs") and row.attrs else {}
     command = [row["script"], *shlex.split(row["options"]), "--config", config, "--steps", str(steps),
-               *(["--batch-size", str(a["batch_size"]), "--seq-len", str(a["seq_len"])] if a else [])]
+               *(["--batch-size", str(a["batch_size"]), "--seq-len", str(a["seq_len"]), "--dtype", a["dtype"]]
+                 if a else [])]  # the plan's sizes and dtype: its memory holds for these
     spec = JobSpec.from_command(command, name=name, n_gpu=n_gpu, time_max=time_max)
     return sbatch_preview(spec, profiles.get_profile(profile, **({"account": account} if account else {})))
 
@@ -281,3 +282,24 @@ def predicted_step(config, *, target: str = "H100-80GB", batch_size: int, seq_le
     return (f"predicted step on {layout.world} x {target} ({dtype}): {1e3 * t.total:.0f} ms = compute "
             f"{1e3 * t.compute:.0f} + exposed communication {1e3 * t.exposed:.0f} + bubble {1e3 * t.bubble:.0f}; "
             f"{tokens:,.0f} tokens/s (on paper: datasheet peak and line rates)")
+
+
+def refused(config, *, world: int, batch_size: int, seq_len: int, dtype: str = "fp32") -> list[tuple[str, str]]:
+    """The layouts (without levers) whose script refuses these sizes on `world` ranks, each with the script's reason
+    (llm_options.plan_degrees' message: the degrees the model's shapes do not divide into, ...)."""
+    config = dict(config) if isinstance(config, dict) else asdict(config)
+    options = common_module(LLM, "llm_options")
+    found = []
+    for layout in base_layouts(world):
+        if layout.script == "train_deepspeed.py":
+            if batch_size % layout.world:
+                found.append((layout.name, f"--batch-size {batch_size} is not divisible by the {layout.world} ranks"))
+            continue
+        argv = [*layout.argv, "--batch-size", str(batch_size), "--seq-len", str(seq_len), "--dtype", dtype]
+        try:
+            options.plan_degrees(options.parse_args(argv), memory_model._config(config), world)
+        except options.ArgumentsError as err:
+            found.append((layout.name, str(err)))
+        except SystemExit:
+            found.append((layout.name, f"train_llm.py's parser refuses {shlex.join(argv)}"))
+    return found
