@@ -60,6 +60,9 @@ class JobCard:
     extra: dict = field(default_factory=dict)
     native_id: str = ""  # the scheduler's own id where it differs (local: the launcher's pid)
     cluster: str = ""  # the Slurm cluster's name (ClusterName): job ids are the cluster's own; "" locally
+    # how the course means the job to end, {state: why}, when not simply COMPLETED: a demonstration that fails by
+    # design (TP4.2's DDP out of memory); {}: COMPLETED
+    expected: dict = field(default_factory=dict)
 
     @property
     def scheduler_id(self) -> str:
@@ -99,14 +102,54 @@ class Outcome:
     exit_code: str = ""
     elapsed: str = ""
     cause: str = ""  # the last lines of the traceback, or why the job stopped
+    expected: str = ""  # why, when the job failed as its card expected (a demonstration); see JobCard.expected
 
     @property
     def finished(self) -> bool:
         return self.state not in ACTIVE
 
+    @property
+    def shown_state(self) -> str:
+        """The state as a student reads it: 'OUT_OF_MEMORY: failed as expected (why)' for a failure by design."""
+        return f"{self.state}: failed as expected ({self.expected})" if self.expected else self.state
+
     def __str__(self) -> str:
-        head = f"job {self.job_id}: {self.state}" + (f" (exit {self.exit_code})" if self.exit_code else "")
+        head = f"job {self.job_id}: {self.shown_state}" + (f" (exit {self.exit_code})" if self.exit_code else "")
         return head + (f"\n{self.cause}" if self.cause else "")
+
+
+ENDS = ("COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED")  # the states a job can be meant to end in
+
+
+def expected_ends(expected) -> dict[str, str]:
+    """A submit's `expected` checked: {state: why}, each state one of ENDS, each failure with its why (the job card
+    and the queue show it: "failed as expected (why)"). None or {}: the job is meant to complete."""
+    if not expected:
+        return {}
+    if not isinstance(expected, dict):
+        raise ValueError(f"expected: {{state: why}}, e.g. {{'OUT_OF_MEMORY': 'DDP keeps a whole copy per rank'}}, "
+                         f"not {expected!r}")
+    for state, why in expected.items():
+        if state not in ENDS:
+            raise ValueError(f"expected: unknown state {state!r}; one of {', '.join(ENDS)}")
+        if state != "COMPLETED" and not (isinstance(why, str) and why.strip()):
+            raise ValueError(f"expected: say why the job is meant to end {state} (the student reads it)")
+    return {state: str(why or "").strip() for state, why in expected.items()}
+
+
+def as_expected(card: JobCard, outcome: Outcome) -> Outcome:
+    """The outcome read against what its card expected: a failure by design carries its why; an end the card did
+    not expect (a demonstration that completed) says what was expected. The card may be another user's: only
+    {str: str} entries count."""
+    meant = {k: v for k, v in card.expected.items() if isinstance(k, str) and isinstance(v, str)}
+    if not meant or not outcome.finished:
+        return outcome
+    if outcome.state in meant and outcome.state != "COMPLETED":
+        outcome.expected = meant[outcome.state][:300]
+    elif outcome.state not in meant:
+        wanted = " or ".join(f"{state} ({why})" if why else state for state, why in meant.items())
+        outcome.cause = "\n".join(t for t in (outcome.cause, f"the course expected this job to end {wanted}"[:600]) if t)
+    return outcome
 
 
 def remember(card: JobCard, job) -> None:
@@ -672,7 +715,7 @@ def card_outcome(card: JobCard) -> Outcome:
         outcome.cause = _node_failure(card, row)
     segments = card.launcher_note("history").get("lines") or []  # a job that requeued itself: what each run did
     outcome.cause = "\n".join(text for text in (outcome.cause, *segments) if text)
-    return outcome
+    return as_expected(card, outcome)
 
 
 def _killing_signal(exit_code: str, usage: list[dict]) -> int:

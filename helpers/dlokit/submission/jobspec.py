@@ -44,6 +44,7 @@ class JobSpec:
     exclusive: bool = False
     alone: bool = True  # False: measures accuracy, not speed: may share the machine with other such jobs
     env: dict = field(default_factory=dict)
+    expected: dict = field(default_factory=dict)  # {state: why} of a job meant to fail (jobs.expected_ends); {}: COMPLETED
 
     @classmethod
     def from_command(cls, command: str | list[str], **kwargs) -> "JobSpec":

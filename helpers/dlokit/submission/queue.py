@@ -19,8 +19,9 @@ from .jobspec import format_seconds
 from .profiles import current_profile
 
 # reason: why a job waits, in a few words; reason_detail: the scheduler's or launcher's whole word on it
+# expected: why, for a job that ended as it was meant to fail (a demonstration: jobs.Outcome.expected)
 COLUMNS = ["job_id", "name", "state", "elapsed", "time_limit", "nodes", "node_list", "reason", "last_log_line",
-           "reason_detail"]
+           "reason_detail", "expected"]
 
 
 def job_table(name: str | None = None, job_ids=None) -> pd.DataFrame:
@@ -305,7 +306,8 @@ def _ended_row(card: jobs.JobCard) -> dict | None:
         return None
     return dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed,
                 time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason="",
-                last_log_line=jobs.script_line(card) if card.log_path().exists() else "", reason_detail="")
+                last_log_line=jobs.script_line(card) if card.log_path().exists() else "", reason_detail="",
+                expected=outcome.expected)
 
 
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
@@ -313,7 +315,7 @@ def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
     cards, watched = _local_cards(job_ids), _Watched(job_ids)
     while True:
         table = job_table(name, job_ids)
-        shown = watched.rows(table).drop(columns=["elapsed", "reason_detail"])
+        shown = _with_expected(watched.rows(table)).drop(columns=["elapsed", "reason_detail", "expected"])
         text = shown.to_string(index=False) if len(shown) else ""
         if table.empty:  # last: a reader of the output waits for this line
             text = ("how they ended:\n" + text + "\n" if text else "") + "no job left in the queue"
@@ -340,6 +342,7 @@ table.dlokit-queue tbody td:last-child, table.dlokit-queue thead th:last-child {
 .dlokit-state-RUNNING, .dlokit-state-COMPLETED { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
 .dlokit-state-NO_ANSWER { color: #cf222e; font-weight: bold; }
+.dlokit-state-EXPECTED { color: #0969da; font-weight: bold; }
 .dlokit-state-FAILED, .dlokit-state-TIMEOUT, .dlokit-state-OUT_OF_MEMORY, .dlokit-state-NODE_FAIL,
 .dlokit-state-UNKNOWN { color: #cf222e; font-weight: bold; }
 </style>"""
@@ -353,11 +356,26 @@ def _text(value) -> str:
 
 
 def _said(row) -> str:
-    """The reason (the whole of it on hover) over the last log line."""
+    """The reason (the whole of it on hover), or why a failure was expected, over the last log line."""
     reason, detail = _text(row.reason), _text(getattr(row, "reason_detail", ""))
     if reason and detail and detail != reason:
         reason = f'<span title="{detail}">{reason}</span>'
+    if _text(getattr(row, "expected", "")):
+        reason = f"failed as expected ({_text(row.expected)})"
     return "<br>".join(text for text in (reason, _text(row.last_log_line)) if text)
+
+
+def _state_cell(row) -> str:
+    """The state, coloured; a failure by design reads "OUT_OF_MEMORY as expected", in blue, not red."""
+    if _text(getattr(row, "expected", "")):
+        return f'<span class="dlokit-state-EXPECTED">{_text(row.state)} as expected</span>'
+    return f'<span class="dlokit-state-{_text(row.state)}">{_text(row.state)}</span>'
+
+
+def _with_expected(table: pd.DataFrame) -> pd.DataFrame:
+    """The text watch's rows, a failure by design's state as "OUT_OF_MEMORY: failed as expected (why)"."""
+    why = [w if isinstance(w, str) else "" for w in table["expected"]]
+    return table.assign(state=[f"{s}: failed as expected ({w})" if w else s for s, w in zip(table["state"], why)])
 
 
 def _table_html(table: pd.DataFrame, name: str | None) -> str:
@@ -369,7 +387,7 @@ def _table_html(table: pd.DataFrame, name: str | None) -> str:
                f"{title}: none left in the queue ({time.strftime('%H:%M:%S')}); how they ended:")
     shown = pd.DataFrame({column: table[column].map(_text) for column in
                           ("job_id", "name", "elapsed", "time_limit", "node_list")})
-    shown.insert(2, "state", [f'<span class="dlokit-state-{_text(s)}">{_text(s)}</span>' for s in table["state"]])
+    shown.insert(2, "state", [_state_cell(row) for row in table.itertuples()])
     shown[SAID] = [_said(row) for row in table.itertuples()]
     body = shown.to_html(index=False, escape=False, classes="dlokit-queue", border=0)
     return f"{STYLE}<p>{heading}</p>{body}"

@@ -153,7 +153,7 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                 command_line=member.command_line, n_gpu=member_layout.n_gpu,
                                 nodes=member_layout.nodes, tasks=member_layout.tasks,
                                 time_seconds=member_layout.time_seconds, runs_dir=str(profile.runs),
-                                submitted_at=time.time(),
+                                submitted_at=time.time(), expected=jobs.expected_ends(member.expected),
                                 extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or ""),
                                        **({"tag": member.env[jobenv.TAG]} if member.env.get(jobenv.TAG) else {})})
             card.save()
@@ -275,7 +275,7 @@ def _have_sbatch() -> bool:
 def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_gpu_per_task=1,
                        time_max="00:10:00", qos=None, partition=None, constraint=None, cpus_per_task=None,
                        exclusive=False, account=None, verbose=True, wait=False, refresh_s=5.0, tag=None,
-                       alone=True, **ignored) -> list[str]:
+                       alone=True, expected=None, **ignored) -> list[str]:
     """Submit one job per (command, GPU count) combination; returns the job ids.
 
     Course-compatible signature: `command_or_list` is a command line such as
@@ -286,17 +286,25 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
     `alone=False`: the jobs measure accuracy, not speed, and may share the machine (on this machine's CPU one
     core per task, beside another such job; on a profile with exclusive_measurements, no --exclusive); their
     run records say so, and the views never count their speed as a measurement.
+    `expected`: how a job is meant to end when it fails by design, {state: why} (e.g. {"OUT_OF_MEMORY": "DDP keeps
+    a whole copy per rank"}), for every job, or a list of them (None: meant to complete) in the jobs' order; its
+    card, the queue and the runs table then read "failed as expected (why)".
     """
     commands = [command_or_list] if isinstance(command_or_list, str) else list(command_or_list)
     gpu_counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
-    jobs = [pair for item in commands for pair in ([tuple(item)] if isinstance(item, tuple) else
+    wanted = [pair for item in commands for pair in ([tuple(item)] if isinstance(item, tuple) else
                                                     [(item, gpus) for gpus in gpu_counts])]
+    meant = list(expected) if isinstance(expected, (list, tuple)) else [expected] * len(wanted)
+    if len(meant) != len(wanted):
+        raise ValueError(f"expected: {len(meant)} entries for {len(wanted)} jobs")
+    meant = [jobs.expected_ends(m) for m in meant]  # checked before anything is submitted
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
                                   account=account, cpus_per_task=cpus_per_task, exclusive=exclusive, alone=alone,
-                                  env={**({jobenv.TAG: str(tag)} if tag else {}), **({} if alone else {jobenv.SHARED: "1"})})
-             for cmd, gpus in jobs]
+                                  env={**({jobenv.TAG: str(tag)} if tag else {}), **({} if alone else {jobenv.SHARED: "1"})},
+                                  expected=ends)
+             for (cmd, gpus), ends in zip(wanted, meant)]
     ids = [card.job_id for card in submit(specs, profile, verbose=verbose, ignored=ignored)]
     if wait:
         from .queue import display_slurm_queue

@@ -1,0 +1,88 @@
+"""A job the course runs to fail on purpose (TP4.2's DDP out of memory, TP2.3's run without
+find_unused_parameters) reads "failed as expected (why)" on its card, in the queue and in the runs table, never as a
+plain failure; one that does not end as expected says what was expected."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+import dlokit
+from dlokit import analysis, checks
+from dlokit.submission import jobs, queue
+
+WHY = "the demo loader raises by design"
+FAILING = """
+    from dlokit.in_job.runrecord import RunRecorder
+
+    record = RunRecorder({"job": "demo"})
+    record.log("step", step=0, t_step=0.1)
+    raise ValueError("no batch here")
+"""
+
+
+def demo_script(folder, body: str) -> str:
+    path = folder / "demo.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_a_job_expected_to_fail_reads_failed_as_expected(workspace):
+    [job_id] = dlokit.gpu_jobs_submitter(demo_script(workspace, FAILING), name="demo", time_max="00:02:00",
+                                         expected={"FAILED": WHY})
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "FAILED" and outcome.expected == WHY, str(outcome)
+    assert f"FAILED: failed as expected ({WHY})" in str(outcome) and "no batch here" in outcome.cause
+
+    card = jobs.find_card(job_id)
+    assert jobs.load_card(card.path).expected == {"FAILED": WHY}  # on the card, on disk
+
+    row = queue._ended_row(card)
+    html = queue._table_html(pd.DataFrame([row], columns=queue.COLUMNS), "demo")
+    assert f"failed as expected ({WHY})" in html and "FAILED as expected" in html
+    assert "dlokit-state-EXPECTED" in html and 'class="dlokit-state-FAILED"' not in html  # blue, not a red failure
+
+    [state] = analysis.runs_table([job_id])["state"]
+    assert state == f"failed as expected ({WHY})"
+
+    result = checks.day_jobs([job_id])  # the card's expectation, with nothing passed to the check
+    assert result.status == "passed" and "as TP meant" in " ".join(result.details)
+
+
+def test_a_demonstration_that_completes_says_what_was_expected(workspace):
+    script = demo_script(workspace, "print('fits after all')\n")
+    [job_id] = dlokit.gpu_jobs_submitter(script, name="demo", time_max="00:02:00",
+                                         expected={"OUT_OF_MEMORY": "DDP keeps a whole copy per rank"})
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "COMPLETED" and not outcome.expected
+    assert "expected this job to end OUT_OF_MEMORY (DDP keeps a whole copy per rank)" in outcome.cause
+    assert checks.day_jobs([job_id]).status == "failed"
+
+
+def test_a_plain_failure_stays_a_failure(workspace):
+    [job_id] = dlokit.gpu_jobs_submitter(demo_script(workspace, FAILING), name="demo", time_max="00:02:00")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "FAILED" and not outcome.expected and "as expected" not in str(outcome)
+    [state] = analysis.runs_table([job_id])["state"]
+    assert state == "failed"
+
+
+@pytest.mark.parametrize("expected, says", [({"FAILED": ""}, "say why"), ({"BROKEN": "x"}, "unknown state"),
+                                             ("FAILED", "{state: why}")])
+def test_expected_is_checked_before_anything_is_submitted(workspace, expected, says):
+    with pytest.raises(ValueError, match=says):
+        dlokit.gpu_jobs_submitter(f"{sys.executable} --version", name="demo", expected=expected)
+    assert not jobs.all_cards("demo")
+
+
+def test_day_submit_spreads_expected_over_its_commands():
+    from dlokit.submission.day import expected_per_job
+
+    oom = {"OUT_OF_MEMORY": "DDP keeps a whole copy per rank"}
+    assert expected_per_job(["ddp", "fsdp"], 2, [oom, None]) == [oom, None]
+    assert expected_per_job(["a", "b"], [1, 2], [oom, None]) == [oom, oom, None, None]
+    assert expected_per_job("a", 1, oom) == [oom]
+    with pytest.raises(ValueError, match="2 entries for 1 commands"):
+        expected_per_job(["a"], 1, [oom, None])
