@@ -1,14 +1,16 @@
 """The race form: the choices a student makes, turned into the training script's options.
 
     form = race_form(day)        # ipywidgets: sizes, optimiser and LR (scaling, warm-up, schedule), augmentation,
-                                 # precision, layout, compile, loader
+                                 # precision, layout, compile, loader, memory levers
     form                         # shown in the notebook
     options = form.options()     # ['--image-size', '64', '--batch-size', '16', ...], checked by the script's parser
 
 The optimiser, schedule, precision and augmentation choices are read from the script's own parser
 (tp_scripts/common/train_options.py), so the form offers exactly what the script accepts. The precision, memory
 layout, DataLoader and optimiser fields start from what the week chose (the day's `carried` options: Day 1, Day 2,
-Day 3).
+Day 3). The memory levers trade time for batch: `--grad-accum K` makes each optimizer step K micro-batches of the
+batch per GPU (K x its images, the memory of one), `--activation-checkpointing` recomputes the forward in backward
+(less memory, one forward more); race.planner costs both (step_cost). A script without these options has them greyed.
 """
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ from ..submission.week import option_groups
 
 FIELDS = ("image_size", "batch_size", "optimizer", "lr", "base_batch_size", "lr_scaling", "warmup_epochs",
           "lr_schedule", "weight_decay", "label_smoothing", "augment", "amp", "tf32", "channels_last", "compile",
-          "num_workers", "pin_memory", "non_blocking", "prefetch_factor", "persistent_workers")
-FLAGS = ("tf32", "channels_last", "compile", "pin_memory", "non_blocking", "persistent_workers")  # --x or --no-x
+          "num_workers", "pin_memory", "non_blocking", "prefetch_factor", "persistent_workers", "grad_accum",
+          "activation_checkpointing")
+FLAGS = ("tf32", "channels_last", "compile", "pin_memory", "non_blocking", "persistent_workers",
+         "activation_checkpointing")  # --x or --no-x
 VALUED = ("optimizer", "base_batch_size", "lr_scaling", "warmup_epochs", "lr_schedule", "label_smoothing", "amp",
-          "num_workers", "prefetch_factor")  # given as --x VALUE when the script has the option
+          "num_workers", "prefetch_factor", "grad_accum")  # given as --x VALUE when the script has the option
+LEVERS = ("grad_accum", "activation_checkpointing")
 
 
 def option_of(field: str) -> str:
@@ -141,11 +146,17 @@ class RaceForm:
             "prefetch_factor": widgets.BoundedIntText(value=int(chosen("--prefetch-factor", 2)), min=1, max=64,
                                                       description="prefetch factor", style=style),
             "persistent_workers": flag("persistent_workers", "persistent workers"),
+            "grad_accum": widgets.BoundedIntText(value=int(chosen("--grad-accum", 1)), min=1, max=64,
+                                                 description="accumulation steps", style=style,
+                                                 disabled=_action(parser, "--grad-accum") is None),
+            "activation_checkpointing": flag("activation_checkpointing", "activation checkpointing"),
         }
         self._has = {name: _action(parser, option_of(name)) is not None for name in VALUED + FLAGS}
         self._has.update({"optimizer": bool(optimizers), "lr_schedule": bool(schedules), "amp": bool(precisions),
                           "lr_scaling": bool(scalings)})
-        self.message = widgets.HTML()
+        missing = [option_of(name) for name in LEVERS if not self._has[name]]
+        self.greyed = f"greyed: this training script has no {' or '.join(missing)} option" if missing else ""
+        self.message = widgets.HTML(self.greyed)
         self.box = widgets.VBox([*self.fields.values(), self.message])
 
     def values(self) -> dict:
@@ -163,7 +174,11 @@ class RaceForm:
         except ValueError as error:
             self.message.value = f"<b style='color:#cf222e'>{error}</b>"
             raise
-        self.message.value = f"<code>{' '.join(options)}</code>"
+        values = self.values()
+        effective = "" if not (values["grad_accum"] or 1) > 1 else (
+            f"<br>each step: {values['grad_accum']} micro-batches of {values['batch_size']} = "
+            f"{values['grad_accum'] * values['batch_size']} images per GPU")
+        self.message.value = f"<code>{' '.join(options)}</code>{effective}" + (f"<br>{self.greyed}" if self.greyed else "")
         return options
 
     def _ipython_display_(self):

@@ -7,7 +7,11 @@
     epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start + checkpoint))
 
 * step time: the test's measured pace per step, its wait for data included (summary `t_period` on a GPU,
-  `t_data + t_step` on the CPU);
+  `t_data + t_step` on the CPU); with the memory levers of the race's options (`--grad-accum K`,
+  `--activation-checkpointing`), an optimizer step of K micro-batches (each of --batch-size images) costs K x the
+  micro-batch's time, and checkpointing one forward more per micro-batch: measured where the test ran the race's
+  levers, else from the test's own timings (its micro-batch, its forward: `step_cost`), or, with no forward timing,
+  the stated STATED_RECOMPUTE; the plan says which;
 * startup: what the test spent outside its steps (process start to end − steps × step time): imports, the
   data set scan, the model, the first batches' allocations and warm-up;
 * validation: the whole val/ split every epoch, shared by the GPUs, at the test's forward time per batch
@@ -36,6 +40,10 @@ IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".webp", ".bmp")
 TIME_MARGIN = 0.10     # the job's time limit: the plan plus 10 %...
 TIME_EXTRA_S = 240     # ...plus 4 minutes: Slurm's checkpoint signal comes 2 minutes before the limit, or up to
                        # one minute earlier still, and should not come before the planned end
+# activation checkpointing runs each checkpointed forward again in backward: a step of forward (1) and backward (about
+# 2) becomes 4/3 of itself, an upper bound (the stem and the head are not checkpointed); used when the test has no
+# forward timing of its own
+STATED_RECOMPUTE = 4 / 3
 
 
 class RacePlanError(ValueError):
@@ -66,6 +74,13 @@ class TestRun:
     energy_source: str | None
     config: dict = field(default_factory=dict)
     argv: list = field(default_factory=list)
+    grad_accum: int = 1                   # micro-batches per optimizer step the test ran (--grad-accum)
+    activation_checkpointing: bool = False
+
+    @property
+    def micro_s(self) -> float:
+        """One micro-batch's forward and backward (and its share of the optimizer step), as the test measured it."""
+        return self.step_s / self.grad_accum
 
 
 def count_images(folder: Path) -> int:
@@ -109,7 +124,9 @@ def measure(run_id: str, runs_dir=None, val_images: int | None = None) -> TestRu
                    num_workers=int(config.get("num_workers") or 0), drop_last=bool(config.get("drop_last")),
                    checkpoint_s=checkpoint_s,
                    power_w=power, energy_source=usage.energy_source if power is not None else None,
-                   config=config, argv=list(run.info.get("argv") or []))
+                   config=config, argv=list(run.info.get("argv") or []),
+                   grad_accum=int(config.get("grad_accum") or 1),
+                   activation_checkpointing=bool(config.get("activation_checkpointing")))
 
 
 @dataclass
@@ -126,10 +143,13 @@ class RacePlan:
     checkpoint_s: float
     epochs: int
     notes: list[str] = field(default_factory=list)
+    step_s: float = 0.0          # the race's optimizer step (step_cost); 0: the test's
+    grad_accum: int = 1
+    step_words: str = ""         # how step_s follows from the test's timings
 
     @property
     def train_epoch_s(self) -> float:
-        return self.steps_per_epoch * self.test.step_s
+        return self.steps_per_epoch * (self.step_s or self.test.step_s)
 
     @property
     def epoch_s(self) -> float:
@@ -169,14 +189,18 @@ class RacePlan:
             "epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start + "
             "checkpoint))",
             f"       = floor(({self.budget_s:.1f} s − {t.startup_s:.1f} s) / ({self.steps_per_epoch} × "
-            f"{t.step_s:.4f} s + {self.val_s:.2f} s + {self.loader_s:.2f} s + {self.checkpoint_s:.2f} s))",
+            f"{self.step_s or t.step_s:.4f} s + {self.val_s:.2f} s + {self.loader_s:.2f} s + {self.checkpoint_s:.2f} s))",
             f"       = floor({usable:.1f} s / {self.epoch_s:.2f} s) = {self.epochs}",
             f"budget: {self.budget_words}",
             f"measured by test run {t.run_id}: {t.steps} steps on {t.world_size} GPU(s), batch {t.batch_size} per GPU: "
             f"step {t.step_s:.4f} s (of which waiting for data {t.t_data:.4f} s), startup {t.startup_s:.1f} s",
+            *([self.step_words] if self.step_words else []),
             f"steps per epoch on {self.gpus} GPU(s): " + (
-                f"{t.train_images} training images / {self.gpus} GPU(s) / batch {t.batch_size} = {self.steps_per_epoch}"
-                if t.train_images else f"{self.steps_per_epoch} (synthetic data)"),
+                f"{t.train_images} training images / {self.gpus} GPU(s) / batch {t.batch_size}"
+                + (f" / {self.grad_accum} micro-batches a step" if self.grad_accum > 1 else "")
+                + f" = {self.steps_per_epoch}"
+                if t.train_images else f"{self.steps_per_epoch} (synthetic data"
+                + (f": its micro-batches / {self.grad_accum} a step)" if self.grad_accum > 1 else ")")),
             f"validation: {t.val_images} images / {self.gpus} GPU(s) / batch {t.batch_size} = {self.val_batches} "
             f"batches × {(self.val_s / self.val_batches) if self.val_batches else 0:.4f} s (data wait + forward, "
             "forward-only estimate)",
@@ -224,9 +248,51 @@ def budget(profile: Profile, gpus: int, budget_gpu_hours: float | None = None,
     return wall, budget_gpu_hours, f"{budget_gpu_hours:g} GPU-hours / {gpus} GPU(s) = {wall:.0f} s of wall clock"
 
 
+def levers(options) -> tuple[int, bool]:
+    """(--grad-accum K, --activation-checkpointing) of a race's options (the form's); the last one given wins."""
+    options = [str(o) for o in options]
+    k = 1
+    checkpointing = False
+    for i, option in enumerate(options):
+        if option == "--grad-accum" and i + 1 < len(options):
+            k = int(options[i + 1])
+        elif option.startswith("--grad-accum="):
+            k = int(option.split("=", 1)[1])
+        elif option in ("--activation-checkpointing", "--no-activation-checkpointing"):
+            checkpointing = option == "--activation-checkpointing"
+    if k < 1:
+        raise RacePlanError(f"--grad-accum {k}: at least one micro-batch a step")
+    return k, checkpointing
+
+
+def step_cost(test: TestRun, grad_accum: int, activation_checkpointing: bool) -> tuple[float, str]:
+    """The race's optimizer step: `grad_accum` micro-batches at the test's micro-batch time, with activation
+    checkpointing's recompute (one forward more a micro-batch); and, in words, what was measured and what stated."""
+    if (grad_accum, activation_checkpointing) == (test.grad_accum, test.activation_checkpointing):
+        what = f"{grad_accum} micro-batches a step" if grad_accum > 1 else ""
+        what += (" and " if what else "") + "activation checkpointing" if activation_checkpointing else ""
+        return test.step_s, (f"levers: {what}, measured (the test ran them)" if what else "")
+    micro = test.micro_s
+    how = f"micro-batch {micro:.4f} s (the test's step" + (
+        f" / its {test.grad_accum} micro-batches)" if test.grad_accum > 1 else ")")
+    if activation_checkpointing != test.activation_checkpointing:
+        sign = 1 if activation_checkpointing else -1
+        if test.t_forward is not None:
+            micro += sign * test.t_forward
+            how += f" {'+' if sign > 0 else '−'} its forward {test.t_forward:.4f} s (measured by the test)"
+        else:
+            factor = STATED_RECOMPUTE if sign > 0 else 1 / STATED_RECOMPUTE
+            micro *= factor
+            how += f" × {factor:.3f} (stated: one forward more in 3 units of a step; the test has no forward timing)"
+        how += " for activation checkpointing " + ("on" if activation_checkpointing else "off")
+    return grad_accum * micro, f"race step = {grad_accum} × ({how}) = {grad_accum * micro:.4f} s"
+
+
 def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours: float | None = None,
-              budget_minutes: float | None = None, profile: Profile | None = None, runs_dir=None) -> RacePlan:
-    """The race plan for the run the test measured (a TestRun, or the test job's id)."""
+              budget_minutes: float | None = None, profile: Profile | None = None, runs_dir=None,
+              options=None) -> RacePlan:
+    """The race plan for the run the test measured (a TestRun, or the test job's id). `options`: the race's (the
+    form's), whose memory levers it costs (step_cost); None: the test's own."""
     profile = profile or current_profile()
     if not isinstance(test, TestRun):
         test = measure(test, runs_dir if runs_dir is not None else profile.runs)
@@ -238,7 +304,13 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
     if gpus != test.world_size:
         notes.append(f"the test ran on {test.world_size} GPU(s), the race on {gpus}: the step time is taken as the "
                      "same (each GPU keeps its batch; communication may add to it)")
-    steps_per_epoch = test.steps_per_epoch if gpus == test.world_size else epoch_steps(test, gpus)
+    k, checkpointing = (test.grad_accum, test.activation_checkpointing) if options is None else levers(options)
+    step_s, step_words = step_cost(test, k, checkpointing)
+    micro_batches = test.steps_per_epoch * test.grad_accum if gpus == test.world_size else epoch_steps(test, gpus)
+    steps_per_epoch = math.ceil(micro_batches / k)
+    if micro_batches % k:
+        notes.append(f"{micro_batches} micro-batches an epoch do not split into steps of {k}: its last step, of "
+                     f"{micro_batches % k}, is counted whole (an upper bound)")
     val_batches = math.ceil(math.ceil(test.val_images / gpus) / test.batch_size) if test.val_images else 0
     if test.t_forward is None and val_batches:
         notes.append("the test has no forward-pass timing: a validation batch is taken as a third of a step")
@@ -249,7 +321,8 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
                      "run the test with --checkpoint-steps <its steps> (race.submit_test does)")
     plan = RacePlan(test=test, gpus=gpus, budget_s=wall, budget_gpu_hours=gpu_hours, budget_words=words,
                     steps_per_epoch=steps_per_epoch, val_batches=val_batches, val_s=val_batches * val_batch_s,
-                    loader_s=loader_s, checkpoint_s=test.checkpoint_s or 0.0, epochs=0, notes=notes)
+                    loader_s=loader_s, checkpoint_s=test.checkpoint_s or 0.0, epochs=0, notes=notes,
+                    step_s=step_s, grad_accum=k, step_words=step_words)
     plan.epochs = max(0, math.floor((wall - test.startup_s) / plan.epoch_s))
     if not plan.fits:
         notes.append(f"the budget does not fit one epoch ({plan.epoch_s:.0f} s after {test.startup_s:.0f} s of "
@@ -258,10 +331,10 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
 
 
 def epoch_steps(test: TestRun, gpus: int) -> int:
-    """Optimizer steps per epoch on `gpus` GPUs, as train_classifier.py counts them (a DistributedSampler
+    """Batches (micro-batches) per epoch on `gpus` GPUs, as train_classifier.py counts them (a DistributedSampler
     shard per GPU; a last batch of one image is dropped, BatchNorm cannot take it)."""
     if not test.train_images:
-        return test.steps_per_epoch  # synthetic: --synthetic-steps, whatever the GPU count
+        return test.steps_per_epoch * test.grad_accum  # synthetic: --synthetic-steps, whatever the GPU count
     shard = math.ceil(test.train_images / gpus)
     drop = test.drop_last or shard % test.batch_size == 1
     return shard // test.batch_size if drop else math.ceil(shard / test.batch_size)

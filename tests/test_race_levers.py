@@ -1,0 +1,89 @@
+"""The race form's memory levers (issue 51 item 5): gradient accumulation and activation checkpointing, offered by the
+form where the training script has them, costed by the race planner, passed through to the run's command."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import dlokit
+from dlokit import race
+from dlokit.race.launch import run_command
+from dlokit.race import planner
+
+SCRIPT = Path(__file__).resolve().parents[1] / "tp_scripts" / "solutions" / "train_classifier.py"
+# what a test job of 8 steps measured (batch 8 per GPU, 48 training images: 6 steps an epoch), as race.measure reads it
+TEST = planner.TestRun(run_id="t", world_size=1, batch_size=8, step_s=0.2, t_data=0.01, t_forward=0.05, first_load_s=0.0,
+               startup_s=5.0, steps=8, steps_per_epoch=6, train_images=48, val_images=12, persistent_workers=False,
+               num_workers=0, drop_last=False, checkpoint_s=0.1, power_w=None, energy_source=None)
+
+
+def parser_with_levers():
+    """The solution script's own parser; where it has no --grad-accum / --activation-checkpointing yet, those two
+    added as train_llm.py has them (the classifier's wiring is another change)."""
+    parser = race.form.options_module(SCRIPT).build_parser()
+    if race.form._action(parser, "--grad-accum") is None:
+        parser.add_argument("--grad-accum", type=int, default=1)
+    if race.form._action(parser, "--activation-checkpointing") is None:
+        parser.add_argument("--activation-checkpointing", action="store_true")
+    return parser
+
+
+def plan(options, test=TEST):
+    return race.make_plan(test, profile=dlokit.get_profile("local"), budget_minutes=2, options=options)
+
+
+def test_the_form_greys_the_levers_a_script_does_not_have():
+    module = race.form.options_module(SCRIPT)
+    form = race.RaceForm(module.build_parser(), module.AUGMENTATIONS)
+    options = form.options()
+    for name in race.form.LEVERS:
+        option = race.form.option_of(name)
+        has = race.form._action(form.parser, option) is not None
+        assert form.fields[name].disabled is not has and (form.values()[name] is None) is not has
+        assert (option in form.message.value.split("greyed:")[-1]) is not has  # the greyed ones named
+        if not has:
+            assert option not in options
+
+
+def test_a_form_with_accumulation_k_plans_k_micro_batches_a_step_and_passes_it_to_the_run(tmp_path):
+    form = race.RaceForm(parser_with_levers(), image_size=32, batch_size=8)
+    form.fields["grad_accum"].value = 4
+    options = form.options()
+    assert options[options.index("--grad-accum") + 1] == "4" and "4 micro-batches of 8 = 32 images" in form.message.value
+
+    plain, accumulated = plan(None), plan(options)
+    assert plain.step_s == TEST.step_s and plain.steps_per_epoch == 6
+    assert accumulated.step_s == pytest.approx(4 * TEST.micro_s)  # k x the micro-batch the test measured
+    assert accumulated.steps_per_epoch == math.ceil(6 / 4) and accumulated.grad_accum == 4
+    assert accumulated.epoch_s > plain.epoch_s and accumulated.epochs <= plain.epochs  # the epoch's last step is whole
+    text = accumulated.formula()
+    assert "race step = 4 × (micro-batch 0.2000 s (the test's step)) = 0.8000 s" in text
+    assert "/ 4 micro-batches a step = 2" in text and "counted whole" in text
+
+    day = dlokit.Day("alice", dlokit.get_profile("local"), SCRIPT, str(tmp_path))
+    argv = run_command(day, accumulated, options)
+    assert argv[argv.index("--grad-accum") + 1] == "4"
+
+
+def test_a_test_that_ran_the_levers_is_the_measurement_and_other_levers_are_costed_from_it():
+    ran = replace(TEST, step_s=0.8, steps_per_epoch=2, grad_accum=4)  # its steps: 4 micro-batches of 0.2 s each
+    same = plan(["--grad-accum", "4"], ran)
+    assert same.step_s == 0.8 and "measured (the test ran them)" in same.formula() and same.steps_per_epoch == 2
+    one = plan(["--grad-accum", "1"], ran)
+    assert one.step_s == pytest.approx(0.2) and one.steps_per_epoch == 8  # its 2 x 4 micro-batches, one a step
+    assert "0.2000 s (the test's step / its 4 micro-batches)" in one.formula()
+
+
+def test_checkpointing_costs_one_forward_more_measured_or_stated():
+    on = plan(["--activation-checkpointing"])
+    assert on.step_s == pytest.approx(TEST.step_s + TEST.t_forward)
+    assert "its forward 0.0500 s (measured by the test) for activation checkpointing on" in on.formula()
+    stated = plan(["--activation-checkpointing", "--grad-accum", "2"], replace(TEST, t_forward=None))
+    assert stated.step_s == pytest.approx(2 * TEST.step_s * planner.STATED_RECOMPUTE) and "stated" in stated.formula()
+    off = plan([], replace(TEST, activation_checkpointing=True))
+    assert off.step_s == pytest.approx(TEST.step_s - TEST.t_forward) and "checkpointing off" in off.formula()
+    with pytest.raises(race.RacePlanError, match="at least one micro-batch"):
+        plan(["--grad-accum", "0"])
