@@ -11,6 +11,6 @@ run_pytest() { .venv/bin/python -m pytest -q -ra "$@" || { code=$?; [ "$code" -e
 # Two workers (CI has two cores; a third made the suite slower and the browser tests time out). Each
 # worker starts its own local Slurm when a test needs one (the two-node cluster's tests share one worker:
 # tests/conftest.py). The notebooks' course jobs take turns for the CPU (device locks).
-run_pytest -n 2 --dist loadgroup -m "not alone" "$@"
+run_pytest -n 2 --dist loadgroup -m "not alone" --durations=30 "$@"
 # Then the tests that measure wall-clock time (marker `alone`), one at a time, with the cores to themselves.
 run_pytest -m alone "$@"
