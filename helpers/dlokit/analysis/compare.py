@@ -21,7 +21,7 @@ from dlokit.analysis.expectations import untreated
 from dlokit.analysis.figures import add_notes, figure_png_base64, message_figure, new_figure
 from dlokit.analysis.overlap import busy, foreign_notes, overlap_notes
 from dlokit.analysis.run import load_runs
-from dlokit.analysis.table import runs_table
+from dlokit.analysis.table import html_of, runs_table
 
 METRICS = ("throughput_train", "throughput_compute", "t_step", "t_data", "t_forward", "t_backward",
            "t_optimizer", "gpu_mem_peak_mb", "host_rss_peak_mb", "energy_j", "val_acc",
@@ -41,19 +41,20 @@ class Comparison(NamedTuple):
         return self.table.attrs.get("ratios", {}).get(str(label), stats.NO_ESTIMATE)
 
     def shown(self) -> pd.DataFrame:
-        """The table as displayed: each value and its interval to the decimals the interval supports
-        (stats.decimals), four significant digits where there is none."""
+        """The table as displayed: each value and its interval to the decimals the intervals support
+        (stats.decimals: the most any row's needs, one count per column), four significant digits where none has
+        an interval."""
         out = self.table.copy()
         for value, low, high in ((out.columns[3], "low", "high"), ("ratio", "ratio_low", "ratio_high")):
-            places = [stats.decimals(a, b) for a, b in zip(out[low], out[high])]
+            places = [d for d in (stats.decimals(a, b) for a, b in zip(out[low], out[high])) if d is not None]
             for column in (value, low, high):
-                out[column] = [_number(v, d) for v, d in zip(self.table[column], places)]
+                out[column] = [_number(v, max(places, default=None)) for v in self.table[column]]
         return out
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         png = figure_png_base64(self.figure)  # also as image/png, so that saved notebooks keep the chart
         shown = self.shown()
-        table = shown.to_html(index=False, float_format=lambda v: f"{v:.4g}")
+        table = html_of(shown)
         return {"text/html": table + f'<img src="data:image/png;base64,{png}"/>', "image/png": png,
                 "text/plain": shown.to_string(index=False)}
 
@@ -131,6 +132,10 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     out = pd.DataFrame(rows, columns=["arm", "runs", "state", metric, "low", "high", "ratio", "ratio_low",
                                       "ratio_high", "basis", "overlapped_by", "foreign_cpu"])
     out.attrs["ratios"], out.attrs["same"] = estimates, {arm: why for arm, why in same.items() if why}
+    out.attrs["basis"] = (f"{metric}: " + ("the median of each arm's settled steps" if metric in STEP_METRICS else
+                                           "the median over each arm's runs") +
+                          "; low–high: its 95 % interval; ratio: the arm's value over the baseline's, with its 95 % "
+                          "interval (ratio_low–ratio_high) on the basis said")
     return Comparison(out, _bars(out, metric, base, table, estimates, out.attrs["same"]))
 
 

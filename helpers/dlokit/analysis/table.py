@@ -5,7 +5,9 @@ compare_runs, the verdicts and the checks show (dlokit.analysis.stats); a run wi
 summary's figure."""
 from __future__ import annotations
 
+import html
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -145,4 +147,192 @@ def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
     overlaps = overlapping(runs)
     rows = [{**run_row(r), "overlapped_by": ", ".join(overlaps.get(r.run_id, [])), "foreign_cpu": foreign_cpu_share(r)}
             for r in runs]
+    for row in rows:
+        row["state"] = as_expected(row["run_id"], row["state"])
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def as_expected(run_id: str, state: str) -> str:
+    """A run whose job failed as its job card expected (a demonstration, e.g. TP4.2's DDP out of memory):
+    "failed as expected (why)"; any other state as it is. Looked up only for runs that did not complete."""
+    if state == "completed":
+        return state
+    from dlokit.submission import jobs
+
+    try:
+        card = jobs.find_card(run_id)
+    except (LookupError, ValueError, OSError):  # not a job of this profile (another folder, another user's)
+        return state
+    if not card.expected:
+        return state
+    why = jobs.card_outcome(card).expected
+    return f"{state} as expected ({why})" if why else state
+
+
+# ---- how every table reads in a notebook -------------------------------------------------------------------
+# One renderer for every DataFrame a notebook shows (use_in_notebook: the day's set-up cell installs it): each
+# number column to one count of decimals, ids on one line, long texts footnoted, columns with nothing in them left
+# out (said so), and a footnote saying what each number is: `frame.attrs["basis"]` (the table's own word),
+# `frame.attrs["notes"]`, and COLUMN_BASIS for the columns it shows.
+
+COLUMN_BASIS = {  # what a runs_table column's number is, wherever a table shows that column
+    "throughput_train": "images/s (tokens/s on Day 4) over the whole step, data included",
+    "throughput_compute": "images/s of the step's compute, data wait left out",
+    **{k: "seconds per step in this phase" for k in SPLITS},
+    "first_step_load_s": "seconds the first batch waited for the loader",
+    "gpu_mem_peak_mb": "peak over the run, MiB (the largest rank's)",
+    "host_rss_peak_mb": "peak resident memory of the process, MiB (the largest rank's)",
+    "energy_j": "joules over the run, each GPU counted once",
+    "peak_power_w": "the highest power reading, W",
+    "val_acc": "validation accuracy at the last epoch",
+    "best_val_acc": "best validation accuracy over the epochs",
+    "wall_time_s": "seconds from the script's start to its end",
+    "foreign_cpu": "share of the run's cores that other programs kept busy",
+}
+SETTLED = "median of the run's settled steps (the warm-up left out)"
+STEP_COLUMNS = ("throughput_train", "throughput_compute", *SPLITS)
+ID = re.compile(r"^[\w.@-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken over lines
+NO_WRAP = ("run_id", "job_id", "job", "runs", "run", "arm", "name", "state", "mode", "layout", "study")
+LONG_TEXT = 40  # characters: a text cell longer than this is footnoted in FOOTNOTED columns, wraps elsewhere
+FOOTNOTED = ("basis", "why", "verdict")
+OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one character, a cell's padding
+
+
+def decimals(values) -> int:
+    """One count of decimals for a whole column: three significant digits of its typical (median) value, never
+    more than the values carry (a column rounded to 2 keeps 2) nor more than 4."""
+    numbers = np.abs(np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float))
+    if not len(numbers):
+        return 0
+    typical = float(np.median(numbers[numbers > 0])) if (numbers > 0).any() else 1.0
+    wanted = min(4, max(0, 2 - math.floor(math.log10(typical))))
+    carried = max(next((k for k in range(7) if abs(round(v, k) - v) < 1e-9 * max(1.0, abs(v))), 6) for v in numbers)
+    return min(wanted, carried)
+
+
+def _groups(columns) -> dict[str, str]:
+    """{column: its group}: a value and its interval (x, x_low, x_high; or x, low, high) share their decimals."""
+    group, last = {}, None
+    for column in map(str, columns):
+        base = re.sub(r"_(low|high)$", "", column)
+        if column in ("low", "high", "ratio_low", "ratio_high") and last is not None:
+            base = "ratio" if column.startswith("ratio") else last
+        elif base == column:
+            last = column
+        group[column] = base
+    return group
+
+
+def _is_number_column(series: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+
+
+def _short(text: str) -> str:
+    """A long text's first clause, for a cell whose whole text goes to a footnote."""
+    head = re.split(r" \(|: |; ", text, maxsplit=1)[0]
+    if len(head) > 28:
+        head = head[:28].rsplit(", ", 1)[0] if ", " in head[:28] else head[:27] + "…"
+    return head
+
+
+def _cell(value, column: str, places: int | None, footnotes: list) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "–"
+    if places is not None:
+        return f"{float(value):,.{places}f}".replace(",", " ") if abs(float(value)) >= 1e4 else f"{float(value):.{places}f}"
+    text = str(value)
+    if column in FOOTNOTED and len(text) > LONG_TEXT:
+        if text not in footnotes:
+            footnotes.append(text)
+        return f"{html.escape(_short(text))}<sup>{footnotes.index(text) + 1}</sup>"
+    if column in NO_WRAP or ID.match(text):
+        return f'<span style="white-space:nowrap">{html.escape(text)}</span>'
+    if len(text) > LONG_TEXT:
+        return f'<div style="min-width:14em;white-space:normal">{html.escape(text)}</div>'
+    return html.escape(text)
+
+
+def _empty(series: pd.Series) -> bool:
+    return all(v is None or v == "" or (isinstance(v, float) and math.isnan(v)) for v in series)
+
+
+def _min_chars(cell: str) -> float:
+    """The narrowest a rendered cell can be, in characters: a nowrap span whole, a long text its min-width, else its
+    longest word (what a browser's table layout shrinks a column to)."""
+    if "min-width:14em" in cell:
+        return 14 * 1.6  # an em is about 1.6 characters of the table's font
+    text = html.unescape(re.sub(r"<[^>]+>", "", cell.replace("<wbr>", " ")))
+    if "white-space:nowrap" in cell:
+        return len(text)
+    return max((len(word) for word in text.split()), default=0)
+
+
+def width_px(cells: pd.DataFrame) -> float:
+    """About the narrowest a table of these rendered cells (html_of's) can be laid out, in pixels: each column as
+    wide as its widest unbreakable cell or header part (headers break at '_')."""
+    widths = [max([_min_chars(str(v)) for v in cells[c]] + [_min_chars(str(c))]) for c in cells]
+    index = max((len(str(i)) for i in cells.index), default=0) if not isinstance(cells.index, pd.RangeIndex) else 0
+    return (sum(widths) + index) * CHAR_PX + CELL_PAD_PX * (len(widths) + 1)
+
+
+def rendered(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """(the cells as html_of writes them, the footnoted long texts, the columns left out as empty)."""
+    frame = frame.copy()
+    frame.columns = [str(c) if not isinstance(c, tuple) else " ".join(map(str, c)) for c in frame.columns]
+    empty = [c for c in frame.columns if _empty(frame[c])] if len(frame) else []
+    frame = frame.drop(columns=empty)
+    for column in frame.columns:  # numbers beside None (a GPU figure on a CPU run) read as numbers
+        values = [v for v in frame[column] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if frame[column].dtype == object and values and all(isinstance(v, (int, float, np.number)) and
+                                                             not isinstance(v, (bool, np.bool_)) for v in values):
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    wanted = frame.attrs.get("decimals", {})
+    group = _groups(frame.columns)
+    places = {c: decimals(pd.to_numeric(frame[c], errors="coerce")) for c in frame.columns if _is_number_column(frame[c])}
+    for column in places:
+        places[column] = wanted.get(column, max(p for c, p in places.items() if group[c] == group[column]))
+    footnotes: list[str] = []
+    cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
+                         index=frame.index)
+    cells.columns = [c.replace("_", "_<wbr>") for c in frame.columns]  # a long header wraps at its underscores
+    return cells, footnotes, empty
+
+
+def basis_lines(frame: pd.DataFrame) -> list[str]:
+    """The footnote's lines: what the table's numbers are (its own basis, then each known column's)."""
+    lines = [frame.attrs["basis"]] if frame.attrs.get("basis") else []
+    steps = [c for c in frame.columns if c in STEP_COLUMNS]
+    if steps and not frame.attrs.get("basis"):
+        lines.append(f"{', '.join(steps)}: {SETTLED}")
+    by_text: dict[str, list[str]] = {}
+    for column in frame.columns:
+        if column in COLUMN_BASIS:
+            by_text.setdefault(COLUMN_BASIS[column], []).append(str(column))
+    lines += [f"{', '.join(columns)}: {text}" for text, columns in by_text.items()]
+    return lines + [str(n) for n in frame.attrs.get("notes", [])]
+
+
+def html_of(frame: pd.DataFrame) -> str:
+    """The table as a notebook shows it (see this section's head)."""
+    cells, footnotes, empty = rendered(frame)
+    body = cells.to_html(escape=False, index=not isinstance(frame.index, pd.RangeIndex), border=0,
+                         classes="dataframe dlokit-table", na_rep="–")
+    notes = [f"<sup>{k}</sup> {html.escape(text)}" for k, text in enumerate(footnotes, 1)]
+    notes += [html.escape(line) for line in basis_lines(frame.drop(columns=empty))]
+    if empty:
+        notes.append(html.escape(f"left out, nothing in them here: {', '.join(map(str, empty))}"))
+    foot = "".join(f"<div>{n}</div>" for n in notes)
+    return (f'<div class="dlokit-table-box" style="max-width:100%;overflow-x:auto">{body}'
+            f'<div class="dlokit-basis" style="font-size:85%;color:#555;margin-top:2px">{foot}</div></div>')
+
+
+def use_in_notebook() -> None:
+    """Every DataFrame this kernel shows goes through html_of (the day's set-up cell calls it); nothing outside
+    IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_of)

@@ -95,18 +95,21 @@ class Day:
         return folder / script if (folder / script).exists() else folder.parent / script
 
     def submit(self, commands, n_gpu=1, wait: bool = True, tp: str | None = None, reuse: bool = False,
-               **options) -> list[str]:
+               expected=None, **options) -> list[str]:
         """Submit (one job per command x GPU count), show the live queue until they end, return the ids.
         `tp` ("TP1.2", "race") tags the jobs' records: the instructor's class report groups runs by it.
         `reuse`: a command this day ran already on as many GPUs is not run again; its job id comes back in its place
-        (Day 1's scans reuse the first job, or TP1.1's scan when the precision kept is fp32)."""
+        (Day 1's scans reuse the first job, or TP1.1's scan when the precision kept is fp32).
+        `expected`: how a job that fails by design is meant to end, {state: why}, for every command or a list with
+        one per command (None: meant to complete); its card, the queue and the runs table say "failed as expected"."""
         jobs = pairs(commands, n_gpu)
+        meant = dict(zip(jobs, expected_per_job(commands, n_gpu, expected)))
         new = list(dict.fromkeys(job for job in jobs if job not in self.ran)) if reuse else jobs
         if reuse and len(new) < len(jobs):
             print("run already, not submitted again: " + ", ".join(
                 f"job {self.ran[job]}" for job in dict.fromkeys(jobs) if job not in new))
         ids = gpu_jobs_submitter(new, name=self.nickname, time_max=self.time_max, wait=wait, refresh_s=self.refresh_s,
-                                 tag=tp, **options) if new else []
+                                 tag=tp, expected=[meant[job] for job in new], **options) if new else []
         self.submitted += ids
         self.ran.update(zip(new, ids))
         return [self.ran[job] for job in jobs] if reuse else ids
@@ -296,6 +299,16 @@ def pairs(commands, n_gpu=1) -> list[tuple[str, int]]:
                                                  [(item, count) for count in counts])]
 
 
+def expected_per_job(commands, n_gpu, expected) -> list:
+    """Day.submit's `expected` spread over pairs(commands, n_gpu): one for all, or one per command."""
+    commands = [commands] if isinstance(commands, str) else list(commands)
+    if not isinstance(expected, (list, tuple)):
+        return [expected] * len(pairs(commands, n_gpu))
+    if len(expected) != len(commands):
+        raise ValueError(f"expected: {len(expected)} entries for {len(commands)} commands")
+    return [meant for command, meant in zip(commands, expected) for _ in pairs([command], n_gpu)]
+
+
 def synthetic_data(train_per_class: int, image_size: int, classes: int = 10, hard: bool = False,
                    val_per_class: int | None = None) -> str:
     """The kit's generated ImageNet-layout JPEG folder for these sizes (made once, then reused).
@@ -343,6 +356,9 @@ def setup_day(nickname: str, profile: str, scripts: str, *, data: str | None = N
                                           size("TRAIN_PER_CLASS", train_per_class))
     batch_size = None if batch_size is None else size("BATCH_SIZE", batch_size)
     chosen = use_profile(profile)
+    from dlokit.analysis.table import use_in_notebook
+
+    use_in_notebook()  # every table the notebook shows: one count of decimals per column, what its numbers are
     path = Path(scripts) / script
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: SCRIPTS should be '../tp_scripts' (your script) or "
