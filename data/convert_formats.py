@@ -31,11 +31,10 @@ import numpy as np
 import webdataset as wds
 from torchvision import datasets
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the readers the training uses: tp_scripts/common
-from tp_scripts.common.storage_formats import (MANIFEST, RAW_FOLDER, RESIZE, SHARD_FOLDER, SPLITS, Checksum,  # noqa: E402
-                                               DataSetError, RawImages, decode, fixed_size, fixed_size_folder,
-                                               read_manifest, source_folder)
-from tp_scripts.common.webdataset_stream import shard_pipeline  # noqa: E402
+# the readers the training uses: the classifier's shared package, tp_scripts/common
+from common.storage_formats import (MANIFEST, RAW_FOLDER, RESIZE, SHARD_FOLDER, SPLITS, Checksum, DataSetError, RawImages,
+                                    decode, fixed_size, fixed_size_folder, read_manifest, source_folder)
+from common.webdataset_stream import shard_pipeline
 
 FORMATS = ("folder", "webdataset", "raw")
 

@@ -38,24 +38,24 @@ def test_architecture_names_every_helper_module_once_and_every_path_it_names_exi
 
 def test_architecture_names_every_training_script_module_once():
     """The table lists each folder's files in three columns: the students' (those of solutions/), the ones a TP
-    runs, and those of common/; `ls` of the folder shows nothing else but common/, llm/ and solutions/."""
+    runs, and those of its shared package (common/, llm_kit/); `ls` of the folder shows nothing else but that
+    package, llm/ and solutions/."""
     import re
 
     page = (REPO / "docs" / "architecture.md").read_text()
     table = page.split("## The training scripts' files", 1)[1].split("\n## ", 1)[0]
     rows = {row.split("|")[1].strip(" `").split("`")[0]: row.split("|")[2:5] for row in table.splitlines()
             if row.startswith("| `tp_scripts/")}
-    for folder in ("tp_scripts/", "tp_scripts/llm/"):
+    for folder, package in (("tp_scripts/", "common"), ("tp_scripts/llm/", "llm_kit")):
         students, tools, shared = (sorted(re.findall(r"`(\w+\.py)`", column)) for column in rows[folder])
         assert students == sorted(p.name for p in (REPO / folder / "solutions").glob("*.py")), \
             f"docs/architecture.md's students' files of {folder} are not those of {folder}solutions/"
         assert sorted(students + tools) == sorted(p.name for p in (REPO / folder).glob("*.py")), \
             f"docs/architecture.md's row for {folder} is out of step with the files in it"
-        assert shared == sorted(p.name for p in (REPO / folder / "common").glob("*.py") if p.name != "__init__.py"), \
-            f"docs/architecture.md's row for {folder} is out of step with {folder}common/"
+        assert shared == sorted(p.name for p in (REPO / folder / package).glob("*.py") if p.name != "__init__.py"), \
+            f"docs/architecture.md's row for {folder} is out of step with {folder}{package}/"
         folders = sorted(p.name for p in (REPO / folder).iterdir() if p.is_dir() and not p.name.startswith("__"))
-        assert folders == (["common", "llm", "solutions"] if folder == "tp_scripts/" else ["common", "solutions"])
-        assert (REPO / folder / "solutions" / "common").resolve() == (REPO / folder / "common").resolve()
+        assert folders == sorted([package, "solutions", *(["llm"] if folder == "tp_scripts/" else [])])
 
 
 def test_instructors_page_says_what_every_doctor_check_proves():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import importlib.util
 import json
 import re
 from collections import Counter
@@ -71,15 +72,60 @@ def test_no_module_name_appears_twice_in_the_helpers():
     assert [name for name, count in names.items() if count > 1] == []
 
 
-def test_tp_scripts_shows_the_students_files_and_one_common_package():
-    for folder in (REPO / "tp_scripts", REPO / "tp_scripts" / "llm"):
+FAMILIES = {REPO / "tp_scripts": "common", REPO / "tp_scripts" / "llm": "llm_kit"}  # folder: its shared package
+
+
+def script_imports(path: Path) -> set[str]:
+    """The top-level names a file imports (absolute imports only), anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_tp_scripts_shows_the_students_files_and_one_shared_package_each():
+    for folder, package in FAMILIES.items():
         students = {p.name for p in (folder / "solutions").glob("*.py")}
         files = {p.name for p in folder.glob("*.py")}
         assert students <= files and len(files - students) <= 3, f"{folder}: {sorted(files - students)}"
-        assert (folder / "common" / "__init__.py").is_file()
-        for script in [*folder.glob("*.py"), *(folder / "solutions").glob("*.py"), *(folder / "common").glob("*.py")]:
-            code = re.sub(r'""".*?"""', "", script.read_text(), flags=re.S)
-            assert "sys.path.insert" not in code and "sys.path.append" not in code, f"{script} edits sys.path"
+        assert (folder / package / "__init__.py").is_file()
+        assert not (folder / "solutions" / package).exists(), f"{folder}/solutions/{package}: the package is installed"
+        assert importlib.util.find_spec(package).submodule_search_locations == [str(folder / package)], \
+            f"{package} is not installed from {folder / package} (scripts/setup.sh installs the kit editable)"
+
+
+def test_no_sys_path_edit_or_link_in_the_product():
+    code_files = [p for folder in ("tp_scripts", "helpers", "data") for p in (REPO / folder).rglob("*.py")]
+    for path in code_files:
+        code = re.sub(r'""".*?"""', "", path.read_text(), flags=re.S)
+        assert not re.search(r"sys\.path\.(insert|append)|sys\.path\[[^]]*\]\s*=", code) \
+            or path.name == "warm_start.py", f"{path} edits sys.path"  # warm_start: a forked script's own sys.path
+    links = [p for folder in ("tp_scripts", "helpers", "data") for p in (REPO / folder).rglob("*") if p.is_symlink()]
+    assert links == []
+
+
+def test_no_module_name_twice_in_the_script_packages():
+    """One name, one module: no shared module has the name of a script or of the other family's module, and no
+    script folder holds a package of a shared name."""
+    shared = [p.stem for package in ("tp_scripts/common", "tp_scripts/llm/llm_kit")
+              for p in (REPO / package).glob("*.py") if p.name != "__init__.py"]
+    scripts = {p.stem for folder in FAMILIES for p in [*folder.glob("*.py"), *(folder / "solutions").glob("*.py")]}
+    assert [name for name, count in Counter(shared).items() if count > 1] == []
+    assert set(shared) & scripts == set()
+    assert set(shared) & set(FAMILIES.values()) == set()
+
+
+def test_a_shared_package_imports_no_students_file():
+    """The shared floor sits below the student files: it imports none of them (the script hands its TP modules
+    over, as train_llm.py hands parallel_fsdp, parallel_tp_scratch and parallel_cp to parallelize)."""
+    for folder, package in FAMILIES.items():
+        scripts = {p.stem for p in [*folder.glob("*.py"), *(folder / "solutions").glob("*.py")]}
+        for module in (folder / package).glob("*.py"):
+            found = script_imports(module) & scripts
+            assert not found, f"{module.relative_to(REPO)} imports the students' {sorted(found)}"
 
 
 def test_the_classifier_loop_is_short_and_each_todo_sits_in_its_phase():
@@ -103,6 +149,32 @@ def test_the_classifier_loop_is_short_and_each_todo_sits_in_its_phase():
             assert number in phases[expected[todo[1]]], f"{todo[1]}'s TODO is not inside phase {expected[todo[1]]!r}"
     todos = {t for t in re.findall(r"# TODO (TP\d\.\d)", "\n".join(student[step.lineno - 1:step.end_lineno]))}
     assert set(expected) <= todos
+
+
+STUDENT_LINES = 350  # issue 50: the file a student edits holds the practical, the harness sits below it
+SCREENFUL = 40       # a TODO this many lines at most below its function's def: seen without scrolling
+
+
+def test_the_classifier_students_file_is_the_practical_and_its_package_imports_none_of_the_students_files():
+    path = REPO / "tp_scripts" / "train_classifier.py"
+    lines = path.read_text().splitlines()
+    assert len(lines) <= STUDENT_LINES, f"{path.name}: {len(lines)} lines; move the harness into tp_scripts/common"
+    functions = [node for node in ast.walk(ast.parse("\n".join(lines))) if isinstance(node, ast.FunctionDef)]
+    todos = [number for number, line in enumerate(lines, start=1) if re.search(r"# TODO TP\d", line)]
+    assert len(todos) >= 15
+    for number in todos:
+        owner = max((f for f in functions if f.lineno <= number <= f.end_lineno), key=lambda f: f.lineno)
+        assert number - owner.lineno < SCREENFUL, f"line {number}: a TODO {number - owner.lineno} lines into {owner.name}"
+    folder = REPO / "tp_scripts"
+    students = {p.stem for p in [*folder.glob("*.py"), *(folder / "solutions").glob("*.py")]}
+    for module in (folder / "common").glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add((node.module or "").split(".")[0])
+        assert not imported & students, f"{module.name} imports the students' {sorted(imported & students)}"
 
 
 def code_cells(notebook: Path) -> list[tuple[str, bool]]:

@@ -17,8 +17,6 @@ to each other); the rest of the parameters are the notebook's own (its parameter
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import json
 import shlex
 import sys
@@ -29,7 +27,7 @@ from types import SimpleNamespace
 from dlokit import layout_planner, memory_model
 from dlokit.layout_planner import MARGIN, usable_gib  # noqa: F401 (gpu_plan.usable_gib, as before)
 from dlokit.analysis import layout_scan, llm_memory
-from dlokit.script_modules import common_module
+from dlokit.script_modules import common_module, load_script
 from dlokit.submission.day import LlmDay
 from dlokit.submission.week import option_groups
 
@@ -153,31 +151,11 @@ def oom_sizes(ranks: int) -> list:
 
 # ---- one job, checked ---------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _scripts_on_path(folder: Path):
-    """Import a script of `folder` as its job would (`from common import ...`), then put sys back as it was."""
-    saved = {name: module for name, module in sys.modules.items() if name == "common" or name.startswith("common.")}
-    for name in saved:
-        del sys.modules[name]
-    sys.path.insert(0, str(folder))
-    try:
-        yield
-    finally:
-        sys.path.remove(str(folder))
-        for name in [n for n in sys.modules if n == "common" or n.startswith("common.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-
-
 def script_parser(script: Path):
-    """The parse_args function of a script of tp_scripts/llm (train_llm.py's lives in common/llm_options.py)."""
+    """The parse_args function of a script of tp_scripts/llm (train_llm.py's lives in llm_kit/llm_options.py)."""
     if script.name == "train_llm.py":
         return common_module(script.parent, "llm_options").parse_args
-    with _scripts_on_path(script.parent):
-        spec = importlib.util.spec_from_file_location(f"_dlokit_plan_{script.stem}", script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module.parse_args
+    return load_script(script, f"_dlokit_plan_{script.stem}").parse_args
 
 
 def parse(job: Job):

@@ -19,7 +19,6 @@ Run record (script `check_cp.py`): one `cp_check` line per version; summary.json
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -27,11 +26,13 @@ import torch
 import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
+from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
+from dlokit.script_modules import load_script
 
-from common.collectives import CollectiveLog
-from common.module_file import load_module
-from common.model import causal_attention
+from llm_kit.collectives import CollectiveLog
+from llm_kit.model import causal_attention
+from llm_kit.ranks_done import ranks_done
 
 HERE = Path(__file__).resolve().parent
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "send", "recv")
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     if args.solution and not (HERE / "solutions").is_dir():
         print(f"check_cp.py: error: --solution: no solutions folder beside {HERE.name}/check_cp.py", file=sys.stderr)
         return 2
-    cp = load_module(HERE / "solutions" if args.solution else HERE, "parallel_cp")
+    cp = load_script((HERE / "solutions" if args.solution else HERE) / "parallel_cp.py")
 
     device = dlorank.init_process_group()
     group, rank, size = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
@@ -130,13 +131,8 @@ def main(argv=None) -> int:
                   f" grads diff {r['max_abs_diff_grads']:.2e} forward {r['forward_collectives']}"
                   f" backward {r['backward_collectives']}", flush=True)
     recorder.finish(cp_checks=results, all_ok=all(r["ok"] for r in results.values()), module_file=module_file)
-    dist.barrier()
-    dlorank.destroy_process_group()
-    return 0
+    return ranks_done()
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown while gloo's threads may still hold the process group
+    leave_now(main())  # without the interpreter's teardown: see dlokit.in_job.peers.leave_now

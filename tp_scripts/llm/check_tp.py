@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -30,12 +29,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from dlokit.in_job import rank as dlorank
+from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
+from dlokit.script_modules import load_script
 
-from common.collectives import CollectiveLog
-from common.module_file import load_module
-from common.model import FeedForward, get_config
-from common.parallel_tp_dtensor import parallelize_sublayer
+from llm_kit.collectives import CollectiveLog
+from llm_kit.model import FeedForward, get_config
+from llm_kit.parallel_tp_dtensor import parallelize_sublayer
+from llm_kit.ranks_done import ranks_done
 
 HERE = Path(__file__).resolve().parent
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "send", "recv", "gather",
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
         if value % env.world_size:
             print(f"check_tp.py: error: {name} {value} is not divisible by the {env.world_size} ranks", file=sys.stderr)
             return 2
-    scratch = load_module(HERE / "solutions" if args.solution else HERE, "parallel_tp_scratch")
+    scratch = load_script((HERE / "solutions" if args.solution else HERE) / "parallel_tp_scratch.py")
 
     device = dlorank.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -159,13 +160,8 @@ def main(argv=None) -> int:
                   f" forward {r['forward_collectives']} backward {r['backward_collectives']}"
                   f" (expected {r['expected_forward']} / {r['expected_backward']})", flush=True)
     recorder.finish(tp_checks=results, all_ok=all(r["ok"] for r in results.values()), module_file=module_file)
-    dist.barrier()
-    dlorank.destroy_process_group()
-    return 0
+    return ranks_done()
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown while the device mesh still holds the process group
+    leave_now(main())  # without the interpreter's teardown: see dlokit.in_job.peers.leave_now

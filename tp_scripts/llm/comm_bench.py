@@ -45,7 +45,10 @@ import torch.distributed as dist
 import torch.utils.benchmark as benchmark
 
 from dlokit.in_job import rank as dlorank
+from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
+
+from llm_kit.ranks_done import ranks_done
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -150,10 +153,7 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"[comm_bench] rank 0: {found['peak_flops'] / 1e9:.1f} GFLOP/s ({args.dtype}, n = {found['peak_n']}, "
                   f"{found['threads']} threads)", flush=True)
-        if dist.is_initialized():
-            dist.barrier()
-        dlorank.destroy_process_group()
-        return 0
+        return ranks_done()
     dtype = DTYPES[args.dtype]
     message_sizes, group_sizes = sizes(args, world), groups(world)
     for n in group_sizes:
@@ -173,13 +173,8 @@ def main(argv=None) -> int:
         dist.barrier()
     recorder.finish(backend=dist.get_backend(), device_type=device.type, sizes=message_sizes, groups=group_sizes,
                     dtype=args.dtype)
-    dist.barrier()
-    dlorank.destroy_process_group()
-    return 0
+    return ranks_done()
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_now(main())  # without the interpreter's teardown: see dlokit.in_job.peers.leave_now

@@ -31,9 +31,9 @@ import torch
 from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-from common import compress
-from common.data import TokenBatches
-from common.model import Llama, get_config, loss_fn
+from llm_kit import compress
+from llm_kit.data import TokenBatches
+from llm_kit.model import Llama, get_config, loss_fn
 
 NOTES = {
     "none": "",

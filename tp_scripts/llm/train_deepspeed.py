@@ -12,7 +12,7 @@
     srun --ntasks=2 python train_deepspeed.py --zero-stage 2 --config tiny --data text --steps 6
     srun --ntasks=2 python train_deepspeed.py --zero-stage 3 --offload-optimizer     # AdamW's states on the host
 
-The model, the data, the seed, the step lines and the run record are train_llm.py's (common/), so each step's loss
+The model, the data, the seed, the step lines and the run record are train_llm.py's (llm_kit/), so each step's loss
 compares with train_llm.py's single process, and what each rank holds with FSDP2's and ZeRO-1's. train_llm.py's
 options (--config, --data, --batch-size, --seq-len, --steps, --lr, --dtype, ...) mean the same here. No `deepspeed`
 launcher: the job's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (srun, this kit's launcher, torchrun)
@@ -41,11 +41,12 @@ from dlokit.in_job.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-from common.data import TokenBatches
-from common.memory_meter import DeepSpeedMemory
-from common.llm_options import parse_args as train_llm_options
-from common.meter import Meter
-from common.model import Llama, count_params, flops_per_token, get_config, loss_fn
+from llm_kit.data import TokenBatches
+from llm_kit.memory_meter import DeepSpeedMemory
+from llm_kit.llm_options import parse_args as train_llm_options
+from llm_kit.meter import Meter
+from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
+from llm_kit.ranks_done import ranks_done
 
 BUCKET_SHARE = 32  # DeepSpeed's reduce bucket: 5e8 elements by default, a 14th of a 7 B model; here a 32nd of ours
 
@@ -137,9 +138,7 @@ def main(argv=None) -> int:
         recorder.finish(status="failed", error=message)
         leave_now(peers.failed(f"failed: {message}"))
     peers.stop_watching()
-    dist.barrier()
-    dlorank.destroy_process_group()
-    return 0
+    return ranks_done()
 
 
 def cannot_run_here(device) -> str | None:
@@ -174,7 +173,7 @@ def train(args, config, env, device, recorder, deepspeed):
     settings = ds_config(args, env.world_size, count_params(config))
     (recorder.folder / "ds_config.json").write_text(json.dumps(settings, indent=2))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=settings)
-    run = SimpleNamespace(  # what common/meter.py reads, as train_llm.py's Run
+    run = SimpleNamespace(  # what llm_kit/meter.py reads, as train_llm.py's Run
         args=args, config=config, device=device, recorder=recorder, is_main=env.is_main, rank=env.rank,
         engine=engine, optimizer=engine.optimizer, timer=StepTimer(device), history=[], extra_summary={},
         data=TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed),

@@ -47,19 +47,27 @@ from dlokit.in_job.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
-# The shared modules: the package common/ (tp_scripts/llm/common; solutions/common links to it).
-from common.checkpoint import load_checkpoint, save_checkpoint
-from common.collectives import CollectiveLog
-from common.data import TokenBatches
-from common.device_memory import limit_memory
-from common.grad_norm import global_grad_norm
-from common.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
-from common.memory_meter import MemoryMeter
-from common.meter import Meter
-from common.model import Llama, count_params, flops_per_token, get_config, loss_fn
-from parallel_cp import choose_cp_attention
-from common.parallel_dims import ParallelDims
-from common.parallelize import parallelize
+# The shared modules: the package llm_kit (tp_scripts/llm/llm_kit, installed with the kit: found from solutions/ too).
+from llm_kit.checkpoint import load_checkpoint, save_checkpoint
+from llm_kit.collectives import CollectiveLog
+from llm_kit.data import TokenBatches
+from llm_kit.device_memory import limit_memory
+from llm_kit.grad_norm import global_grad_norm
+from llm_kit.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
+from llm_kit.memory_meter import MemoryMeter
+from llm_kit.meter import Meter
+from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
+from llm_kit.parallel_dims import ParallelDims
+from llm_kit.parallelize import YourModules, parallelize
+from llm_kit.ranks_done import ranks_done
+
+# Your files beside this script (TP4.2, TP4.4, TP4.5), handed to parallelize: the shared package never imports them.
+import parallel_cp
+import parallel_fsdp
+import parallel_tp_scratch
+
+YOURS = YourModules(fsdp=parallel_fsdp, tp_scratch=parallel_tp_scratch, cp=parallel_cp)
+
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -94,10 +102,7 @@ def main(argv=None) -> int:
         recorder.finish(status="failed", error=f"{type(error).__name__}: {error}")
         leave_now(peers.failed(f"failed: {type(error).__name__}: {error}"))
     peers.stop_watching()
-    if dist.is_initialized():
-        dist.barrier()  # every watcher has stopped before any rank leaves (rank 0 may host the store)
-    dlorank.destroy_process_group()
-    return status
+    return ranks_done(status)  # every watcher has stopped before any rank leaves
 
 
 def start_record(args, config, degrees, env, device) -> RunRecorder:
@@ -153,7 +158,7 @@ def train(args, config, dims, env, device, recorder) -> int:
         run.extra_summary.update(limit_memory(args.memory_limit, device))
     with torch.device("meta" if args.meta_init else device):
         model = Llama(config)
-    run.parallel = parallelize(model, dims, mesh, args, device, cp_attention=cp_attention)
+    run.parallel = parallelize(model, dims, mesh, args, device, YOURS, cp_attention=cp_attention)
     run.optimizer = build_optimizer(args, run.parallel.modules, dims, run.parallel.dp_group)
     start_step = resume(run) if args.resume else 0
     run.data = TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed)
@@ -181,7 +186,7 @@ def save(run, steps_done: int) -> None:
 def choose_context_parallel_attention(run, mesh) -> str | None:
     """The attention --cp-attention gets here (recorded with why); None: it cannot run here (PyTorch's
     ring attention has no CPU kernel), and the run is recorded as skipped, with the reason."""
-    attention, reason = choose_cp_attention(run.args.cp_attention, mesh["cp"], run.device)
+    attention, reason = parallel_cp.choose_cp_attention(run.args.cp_attention, mesh["cp"], run.device)
     if attention is None:
         if run.is_main:
             print(f"[train_llm] SKIPPED context parallelism: {reason}", flush=True)

@@ -5,7 +5,7 @@
     rank_memory_plot(["1234", "1235", ...])    # per run: a measured bar for every rank (pipeline stages differ)
 
 train_llm.py measures each rank's parameters, gradients, optimizer states and peak saved activations
-from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/common/memory_meter.py), and so does
+from the tensors themselves (summary `memory_bytes`, see tp_scripts/llm/llm_kit/memory_meter.py), and so does
 train_deepspeed.py where DeepSpeed's engine keeps them (its gradients at their peak in backward, its optimizer states
 with the fp32 master copy); the busiest rank (largest measured total) stands for the run. The model is estimate_for_run() on the run's config.
 """
@@ -129,7 +129,7 @@ def memory_plot(runs, runs_dir=None):
 
 
 def model_config(scripts, name: str) -> dict:
-    """A model config of the Day 4 scripts (`CONFIGS[name]` of common/model.py beside `scripts`), as a dict: the
+    """A model config of the Day 4 scripts (`CONFIGS[name]` of llm_kit/model.py, their shared package), as a dict: the
     memory model takes it."""
     from dataclasses import asdict
 

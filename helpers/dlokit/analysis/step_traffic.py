@@ -4,7 +4,7 @@
     traffic_plot(["1234", "1235", ...])    # a bar per rank, grouped by run, stacked by collective
 
 train_llm.py logs the collectives of its first step as PyTorch's dispatcher sees them (summary
-`collectives_per_step`, tp_scripts/llm/common/collectives.py): DDP's all-reduces, FSDP2's all-gathers and
+`collectives_per_step`, tp_scripts/llm/llm_kit/collectives.py): DDP's all-reduces, FSDP2's all-gathers and
 reduce-scatters, ZeRO-1's broadcasts, the pipeline's sends. Where a run also timed its communication (`comm_s`
 of its step lines: tensor parallel from scratch), the table gives the mean seconds per step of each rank.
 """

@@ -74,8 +74,22 @@ def server_key(python: str, environ: dict) -> str:
                   if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_TIME_NAMES) and k not in RUNTIME_VARIABLES)
     seen += [(k, v) for k, v in sorted(environ.items()) if k.startswith("OMP_") and k != "OMP_NUM_THREADS"]
     this = os.stat(os.path.abspath(__file__)).st_mtime_ns  # a changed server is a new one
-    text = json.dumps([os.path.realpath(python), sys.version, sys.prefix, torch_version, stamp, this, seen])
+    text = json.dumps([os.path.realpath(python), sys.version, sys.prefix, torch_version, stamp, this, seen,
+                       _installed()])
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _installed() -> list:
+    """The .pth files of the site-packages, with their times: a reinstall of the kit (the editable install's finder,
+    which makes `common` and `llm_kit` importable) makes a new server, whose scripts import what is installed now."""
+    import site
+
+    found = []
+    for folder in site.getsitepackages():
+        with contextlib.suppress(OSError):
+            found += [(name, os.stat(os.path.join(folder, name)).st_mtime_ns)
+                      for name in sorted(os.listdir(folder)) if name.endswith(".pth")]
+    return found
 
 
 def _server_environment(environ: dict) -> dict:

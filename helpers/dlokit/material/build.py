@@ -252,14 +252,10 @@ def default_pairs(root=".") -> list[tuple[Path, Path]]:
 
 def student_copy(scripts, dest, solutions=None) -> list[Path]:
     """What a student runs, in another folder (for tests and trials): the files generated from
-    scripts/solutions (or `solutions`), the scripts a TP only runs (its other .py files), and its package of
-    shared modules, common/."""
+    scripts/solutions (or `solutions`) and the scripts a TP only runs (its other .py files). Their shared package
+    (common, llm_kit) is not copied: the kit installs it by name, and the copy imports it from there."""
     scripts, dest = Path(scripts), Path(dest)
     written = build(Path(solutions) if solutions else scripts / "solutions", dest)
-    if (scripts / "common").is_dir():
-        shutil.copytree(scripts / "common", dest / "common", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        written.append(dest / "common")
     for path in sorted(scripts.glob("*.py")):
         target = dest / path.name
         if _generated_from(path) or (target.is_file() and target.read_bytes() == path.read_bytes()):

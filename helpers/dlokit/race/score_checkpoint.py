@@ -25,14 +25,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets
 
+from common.checkpointing import resolve
+from common.image_data import val_transform
+
+from dlokit.in_job.runrecord import RunRecorder
+from dlokit.script_modules import load_script
+
 REFERENCE = Path(__file__).resolve().parents[3] / "tp_scripts" / "solutions"
-sys.path.insert(0, str(REFERENCE))  # as if run beside the reference script: it, its TP modules and common/
-
-from common.checkpointing import resolve  # noqa: E402
-from common.image_data import val_transform  # noqa: E402
-from train_classifier import create_model, evaluate, small_image_stem  # noqa: E402
-
-from dlokit.in_job.runrecord import RunRecorder  # noqa: E402
 
 MAX_CHECKPOINT_GB = 4
 EXIT_REFUSED = 3  # the checkpoint was refused: the message says why
@@ -79,9 +78,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
     test_set = datasets.ImageFolder(args.test, transform=val_transform(args.image_size))
-    model = create_model(args.model, len(test_set.classes))
+    reference = load_script(REFERENCE / "train_classifier.py")  # the reference script and its TP modules
+    model = reference.create_model(args.model, len(test_set.classes))
     if args.cifar_stem:
-        model = small_image_stem(model)
+        model = reference.small_image_stem(model)
     try:
         model.load_state_dict(load_weights(resolve(args.checkpoint)))
     except (RefusedCheckpoint, RuntimeError) as error:  # RuntimeError: weights that do not fit the model
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
         return EXIT_REFUSED
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with RunRecorder({**vars(args), "test_images": len(test_set)}, script=Path(__file__).name) as record:
-        scores = evaluate(model.to(device), DataLoader(test_set, batch_size=args.batch_size), nn.CrossEntropyLoss(),
-                          None, False)
+        loader = DataLoader(test_set, batch_size=args.batch_size)
+        scores = reference.evaluate(model.to(device), loader, nn.CrossEntropyLoss(), None, False)
         record.log("val", epoch=0, step=0, **scores)
         record.finish(test_acc=scores["val_acc"], test_images=len(test_set))
     print(f"test top-1 {scores['val_acc']:.4f} over {len(test_set)} images")

@@ -2,7 +2,7 @@
 
     dims = ParallelDims.for_mode(mode, world_size)     # parallel_dims.py
     mesh = dims.build_mesh(device.type)                # one mesh: pp, dp_replicate, dp_shard, cp, tp
-    parallel = parallelize(model, dims, mesh, args, device)
+    parallel = parallelize(model, dims, mesh, args, device, yours)   # yours: the students' modules, handed over
 
     1. pipeline     this rank's stages of the model (pp)                    parallel_pp.py
     then on each stage (or the whole model):
@@ -22,21 +22,25 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-# the students' files (TP4.2, TP4.4, TP4.5), beside the script
-from parallel_cp import ContextParallel, context_parallel_region
-from parallel_fsdp import apply_activation_checkpointing, apply_compile, average_is_exact, parallelize_fsdp
-from parallel_tp_scratch import parallelize_tp_scratch
-
 from .parallel_ddp import parallelize_ddp
 from .parallel_dims import ParallelDims
 from .parallel_tp_dtensor import parallelize_tp
 from .timing import SectionTimer
+
+
+@dataclass(frozen=True)
+class YourModules:
+    """The students' files, imported by the script beside them and handed over: this package imports none of them."""
+    fsdp: ModuleType        # parallel_fsdp.py (TP4.2): FSDP2, activation checkpointing, compile block by block
+    tp_scratch: ModuleType  # parallel_tp_scratch.py (TP4.4): tensor parallelism written by hand
+    cp: ModuleType          # parallel_cp.py (TP4.5): context parallelism
 
 
 def _whole(inputs, targets):
@@ -63,21 +67,22 @@ class Parallel:
     gradient_sync: Callable = field(default=lambda enabled: nullcontext())  # --grad-accum: off but on the last
 
 
-def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device, cp_attention=None) -> Parallel:
+def parallelize(model, dims: ParallelDims, mesh: DeviceMesh | None, args, device, yours: YourModules,
+                cp_attention=None) -> Parallel:
     """cp_attention: the context-parallel attention chosen for this platform (parallel_cp.choose_cp_attention)."""
     parallel = Parallel(modules=[model], checkpoint_module=model)
     if dims.has("pp"):
         apply_pipeline(parallel, model, mesh, args, device)
     for module in parallel.modules:
         if dims.has("tp"):
-            apply_tensor_parallel(parallel, module, dims, mesh, args, device)
+            apply_tensor_parallel(parallel, module, dims, mesh, args, device, yours.tp_scratch)
         if dims.has("cp"):
-            apply_context_parallel(parallel, module, mesh, args, device, cp_attention)
+            apply_context_parallel(parallel, module, mesh, args, device, cp_attention, yours.cp)
         if args.activation_checkpointing:
-            apply_activation_checkpointing(module)
+            yours.fsdp.apply_activation_checkpointing(module)
         if args.compile:
-            apply_compile(module)
-    apply_data_parallel(parallel, dims, mesh, args, device)
+            yours.fsdp.apply_compile(module)
+    apply_data_parallel(parallel, dims, mesh, args, device, yours.fsdp)
     return parallel
 
 
@@ -93,36 +98,38 @@ def apply_pipeline(parallel, model, mesh, args, device):
     parallel.modules, parallel.checkpoint_module = pipeline.modules, merged_view(pipeline.modules)
 
 
-def apply_tensor_parallel(parallel, module, dims, mesh, args, device):
+def apply_tensor_parallel(parallel, module, dims, mesh, args, device, parallel_tp_scratch):
     tp_mesh = mesh["tp"]
     if dims.tp_scratch:  # plain tensors holding 1/tp of each weight, all-reduces written by hand
         parallel.comm = SectionTimer(device)
-        parallelize_tp_scratch(module, tp_mesh.get_group(), timer=parallel.comm)
+        parallel_tp_scratch.parallelize_tp_scratch(module, tp_mesh.get_group(), timer=parallel.comm)
         parallel.tp_group, parallel.split_mesh = tp_mesh.get_group(), tp_mesh
     else:
         parallelize_tp(module, tp_mesh, sequence_parallel=args.sequence_parallel)
 
 
-def apply_context_parallel(parallel, module, mesh, args, device, attention):
+def apply_context_parallel(parallel, module, mesh, args, device, attention, parallel_cp):
     """Every CP rank reads the same batch and keeps its part of the sequence."""
     cp_mesh = mesh["cp"]
     if attention == "torch":  # PyTorch's ring attention shards the batch in place inside its context
-        parallel.context = lambda inputs, targets: context_parallel_region(module, cp_mesh, inputs, targets)
+        parallel.context = lambda inputs, targets: parallel_cp.context_parallel_region(module, cp_mesh, inputs, targets)
     else:  # from scratch: "ring" or "allgather"
-        parallel.prepare = ContextParallel(module, cp_mesh.get_group(), args.seq_len, device, attention).prepare
+        split = parallel_cp.ContextParallel(module, cp_mesh.get_group(), args.seq_len, device, attention)
+        parallel.prepare = split.prepare
 
 
-def apply_data_parallel(parallel, dims, mesh, args, device):
+def apply_data_parallel(parallel, dims, mesh, args, device, parallel_fsdp):
     parallel.data_rank, parallel.data_size = dims.data_parallel_rank(mesh)
     parallel.loss_groups = dims.loss_groups(mesh)
     model = parallel.modules[0]
     if dims.fsdp:
         fsdp_mesh = dims.fsdp_mesh(mesh)
         sum_reduction = args.fsdp_reduce_op == "sum" or (args.fsdp_reduce_op == "auto"
-                                                         and not average_is_exact(fsdp_mesh, device))
-        parallelize_fsdp(model, fsdp_mesh, param_dtype=args.dtype, reduce_dtype=args.reduce_dtype,
-                         cpu_offload=args.cpu_offload, reshard_after_forward=not args.no_reshard_after_forward,
-                         sum_reduction=sum_reduction)
+                                                         and not parallel_fsdp.average_is_exact(fsdp_mesh, device))
+        parallel_fsdp.parallelize_fsdp(model, fsdp_mesh, param_dtype=args.dtype, reduce_dtype=args.reduce_dtype,
+                                       cpu_offload=args.cpu_offload,
+                                       reshard_after_forward=not args.no_reshard_after_forward,
+                                       sum_reduction=sum_reduction)
         if args.meta_init:  # allocate this rank's shards only, then initialise them
             model.to_empty(device="cpu" if args.cpu_offload else device)
             model.init_weights(buffer_device=device)

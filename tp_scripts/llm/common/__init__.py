@@ -1,4 +1,0 @@
-"""The modules train_llm.py and the Day 4 checkers share: the model, its data, the parallel layouts beside it
-(parallelize.py), the meters. No TP asks you to edit them (docs/architecture.md lists each one's role).
-Both your scripts (in tp_scripts/llm/) and the reference (tp_scripts/llm/solutions/, whose common/ links here)
-import them as this package."""
