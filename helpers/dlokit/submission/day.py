@@ -131,6 +131,11 @@ class Day:
             jobs[label].append(job)
         return jobs
 
+    @property
+    def scan_ends(self) -> dict:
+        """submit's `expected` for a batch scan: each run fits, or runs out of memory past what fits."""
+        return {"COMPLETED": "", "OUT_OF_MEMORY": "past the largest batch that fits: where the scan stops"}
+
     # ---- the commands of the TPs ----------------------------------------------------------------
     def scan(self, batches, *options, steps: int | None = None) -> list[str]:
         """A batch scan's commands: `options` at each batch size of `batches`, in their order."""
