@@ -17,7 +17,7 @@ from .day1 import AMP_DTYPES, PHASE_LABELS, amp, channels_last, completed, on_de
 from .day2 import augmentation, bn_statistics, dataloader, ddp, sync_bn, sync_bn_or_why, unused_parameters
 from .day3 import compilation, hpo, lr_finder, optimizers, pruners, samplers, storage
 from .glance import day_jobs
-from .day4 import bus_bandwidth, context_parallel, deepspeed_zero, fsdp_compile, fsdp_sharding, layout_scan, loss_match, oom_then_fit, pipeline_bubble, planner_pick, sharded_memory, tensor_parallel
+from .day4 import accelerate_zero, bus_bandwidth, context_parallel, deepspeed_zero, fsdp_compile, fsdp_sharding, layout_scan, loss_match, oom_then_fit, pipeline_bubble, planner_pick, sharded_memory, tensor_parallel
 from .race import race
 from .framework import (CHECKS, FAILED, INFO, MARKS, MIME, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, RESULTS,
                         STATUSES, CheckResult, Part, results_in_notebook, scoreboard, show)
@@ -27,6 +27,6 @@ __all__ = [
     "AMP_DTYPES", "CHECKS", "CheckResult", "FAILED", "INFO", "MARKS", "MIME", "NOT_APPLICABLE",
     "NOT_APPLICABLE_PREFIX", "PASSED", "PHASE_LABELS", "Part", "RESULTS", "STATUSES", "TYPE_BYTES", "amp",
     "augmentation", "channels_last", "day_jobs", "compilation", "hpo", "lr_finder", "optimizers", "pruners", "samplers", "storage", "collectives_in_trace", "completed", "dataloader", "ddp", "observed",
-    "on_device", "profiler", "race", "bus_bandwidth", "context_parallel", "deepspeed_zero", "fsdp_compile", "fsdp_sharding", "layout_scan", "loss_match", "oom_then_fit", "pipeline_bubble", "planner_pick",
+    "on_device", "profiler", "race", "accelerate_zero", "bus_bandwidth", "context_parallel", "deepspeed_zero", "fsdp_compile", "fsdp_sharding", "layout_scan", "loss_match", "oom_then_fit", "pipeline_bubble", "planner_pick",
     "sharded_memory", "tensor_parallel", "results_in_notebook", "run_traces", "scoreboard", "show", "sync_bn", "sync_bn_or_why", "bn_statistics", "unused_parameters", "tf32",
 ]

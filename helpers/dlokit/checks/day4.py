@@ -503,3 +503,55 @@ def bus_bandwidth(job_id):
     return passed(f"every time is the slowest rank's ({len(spread)} collectives on {run.world_size} ranks); at "
                   f"{largest['bytes'].max() / 2**20:g} MiB the bus bandwidth reads "
                   + ", ".join(f"{r.op} {r.busbw_gbs:.3g} GB/s" for r in largest.itertuples()), details)
+
+
+ACCELERATE_TRIED = "1.15.0"  # issue 51, on this kit's 2-core CPU: its FSDP and DeepSpeed plugins did not shard there
+
+
+def accelerate_config(stage: int, processes: int, dtype: str) -> dict:
+    """Accelerate's config file (`accelerate launch --config_file`, JSON) for DeepSpeed's ZeRO `stage` through its
+    DeepSpeed plugin on one node of `processes` GPUs, as `accelerate config` writes one."""
+    return {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
+            "deepspeed_config": {"zero_stage": stage, "offload_optimizer_device": "none", "offload_param_device": "none",
+                                 "zero3_init_flag": stage == 3, "gradient_accumulation_steps": 1},
+            "mixed_precision": "bf16" if dtype == "bf16" else "no", "num_machines": 1, "num_processes": processes,
+            "machine_rank": 0, "main_training_function": "main", "use_cpu": False}
+
+
+@check("TP4.8 Accelerate's ZeRO")
+def accelerate_zero(stage_ids):
+    """Accelerate's config for each ZeRO stage TP4.8 ran (its processes, its precision), written beside that run's
+    record, and the command that would run it. Not applicable where Accelerate would not shard: its DeepSpeed and FSDP
+    plugins shard on GPUs only (on a CPU, accelerate ACCELERATE_TRIED runs plain DDP), and accelerate is no dependency
+    of the kit. Nothing is run here, so no number is shown."""
+    import importlib.metadata
+    import json
+    import os
+
+    from dlokit.analysis.run import ran_on_gpu
+
+    runs, problem = _completed(list(stage_ids.values()) if isinstance(stage_ids, dict) else stage_ids)
+    if problem:
+        return problem
+    details = []
+    for run in runs:
+        stage = _deepspeed_stage(run)[0]
+        path = run.path / "accelerate_config.json"
+        text = json.dumps(accelerate_config(stage, run.world_size, str(run.config.get("dtype"))), indent=1)
+        spare = path.with_name(f".{path.name}.{os.getpid()}")
+        spare.write_text(text)
+        os.replace(spare, path)  # replaces a link in its place, never writes through it
+        details.append(f"ZeRO-{stage} (TP4.8's run {run.run_id}, {run.world_size} processes): accelerate launch "
+                       f"--config_file {path} your_script.py   # {' '.join(text.split())}")
+    try:
+        version = importlib.metadata.version("accelerate")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    missing = "accelerate is not installed here (not a dependency of the kit)"
+    if not any(ran_on_gpu(run) for run in runs):
+        return not_applicable(f"TP4.8's runs had no GPU, and on a CPU accelerate ({ACCELERATE_TRIED} tried) runs "
+                              "plain DDP: its DeepSpeed and FSDP plugins shard only on GPUs"
+                              + (f"; and {missing}" if version is None else ""), details)
+    return not_applicable(("Accelerate would shard on these GPUs, but " + missing if version is None else
+                           f"accelerate {version} is installed, but the kit has no training script written for it")
+                          + ": the configs below are written, the command beside each would run it", details)
