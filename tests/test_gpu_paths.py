@@ -173,11 +173,11 @@ def tf32_restored():
 
 
 def test_set_tf32_leaves_the_legacy_flags_readable(tf32_restored):
-    script = load_solution()
+    set_tf32 = common("device_setup").set_tf32
     from dlokit.in_job.measure import tf32_enabled
 
     for enabled in (False, True, False):
-        script.set_tf32(enabled)
+        set_tf32(enabled)
         assert torch.backends.cuda.matmul.allow_tf32 is enabled  # raised "mix of the legacy and new APIs"
         assert torch.backends.cudnn.allow_tf32 is enabled
         torch.get_float32_matmul_precision()  # read by torch.compile paths: must not raise either

@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tp_scripts" / "solutions"))
 import train_classifier  # noqa: E402
+from common import evaluation  # noqa: E402  (the module whose end_of_epoch calls evaluate)
 
 from dlokit.in_job import peers  # noqa: E402  (RankWatch reads STALL_S from there)
 
@@ -31,6 +32,6 @@ if __name__ == "__main__":  # the ranks' DataLoader workers import this file too
         peers.STALL_S = float(argv[argv.index("--stall-s") + 1])
     ours = ("--stuck-rank", "--stall-s")
     argv = [a for i, a in enumerate(argv) if a not in (*ours, "--frozen") and (i == 0 or argv[i - 1] not in ours)]
-    evaluate = train_classifier.evaluate
-    train_classifier.evaluate = stuck_evaluate
+    evaluate = evaluation.evaluate
+    evaluation.evaluate = stuck_evaluate
     sys.exit(train_classifier.main(argv))

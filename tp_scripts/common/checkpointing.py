@@ -18,6 +18,7 @@ import errno
 import os
 import pickle
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -140,3 +141,31 @@ def load_checkpoint(path, *, model, optimizer, scheduler, scaler, device, rank: 
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
     return {"epoch": state["epoch"], "batch_in_epoch": state["batch_in_epoch"], "step": state["step"],
             "epoch_totals": state.get("epoch_totals") or [0.0, 0.0, 0.0], "path": str(path)}
+
+
+# ---- in train_classifier.py's run: where it starts, and a checkpoint between two steps ----------------------------
+
+def restore(t) -> dict:
+    """Where training starts: step 0, or where the --resume checkpoint left off (weights, optimiser,
+    schedule, scaler, random state, position in the epoch)."""
+    torch.manual_seed(t.args.seed + 1 + t.rank)  # augmentations: a different random stream per rank
+    if not t.args.resume:
+        return {"epoch": 0, "batch_in_epoch": 0, "step": 0, "epoch_totals": [0.0, 0.0, 0.0]}
+    return load_checkpoint(t.args.resume, model=t.raw_model, optimizer=t.optimizer, scheduler=t.scheduler,
+                           scaler=t.scaler, device=t.device, rank=t.rank, world_size=t.world_size,
+                           batch_size=t.args.batch_size)
+
+
+def save(t, ins, epoch: int, batch_in_epoch: int, epoch_totals=None) -> None:
+    """Every rank hands its random state to rank 0, which writes the file (with the epoch's sums so far)."""
+    ins.pause()  # between two steps: the step lines so far are written, the next step's pace leaves this out
+    ins.tick("a checkpoint (gathering the random states)")
+    rng_states = gather_rng_states(t.device)
+    if t.rank == 0:
+        started = time.perf_counter()
+        save_checkpoint(t.checkpoint_path, model=t.raw_model, optimizer=t.optimizer, scheduler=t.scheduler,
+                        scaler=t.scaler, epoch=epoch, batch_in_epoch=batch_in_epoch, step=t.step,
+                        world_size=t.world_size, batch_size=t.args.batch_size, rng_states=rng_states,
+                        epoch_totals=epoch_totals)
+        ins.event("checkpoint_saved", path=str(t.checkpoint_path), step=t.step, epoch=epoch,
+                  batch_in_epoch=batch_in_epoch, seconds=time.perf_counter() - started)

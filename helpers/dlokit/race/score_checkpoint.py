@@ -4,7 +4,7 @@
         --image-size 64 [--cifar-stem]
 
 The test split is a folder of class folders (ImageFolder) that no student job reads. The model is built by the
-reference training script's own functions, the weights loaded from the checkpoint, and the top-1 written to a
+training script's own shared functions (common.image_models, common.evaluation), the weights loaded from the checkpoint, and the top-1 written to a
 run record ("val" line and summary `test_acc`, `test_images`) for dlokit.race.verify to read back.
 
 The checkpoint is the student's file and this job runs as the instructor: it is read only if it is a regular file
@@ -26,12 +26,12 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 
 from common.checkpointing import resolve
+from common.evaluation import evaluate
 from common.image_data import val_transform
+from common.image_models import create_model, small_image_stem
 
 from dlokit.in_job.runrecord import RunRecorder
-from dlokit.script_modules import load_script
 
-REFERENCE = Path(__file__).resolve().parents[3] / "tp_scripts" / "solutions"
 
 MAX_CHECKPOINT_GB = 4
 EXIT_REFUSED = 3  # the checkpoint was refused: the message says why
@@ -78,10 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
     test_set = datasets.ImageFolder(args.test, transform=val_transform(args.image_size))
-    reference = load_script(REFERENCE / "train_classifier.py")  # the reference script and its TP modules
-    model = reference.create_model(args.model, len(test_set.classes))
+    model = create_model(args.model, len(test_set.classes))
     if args.cifar_stem:
-        model = reference.small_image_stem(model)
+        model = small_image_stem(model)
     try:
         model.load_state_dict(load_weights(resolve(args.checkpoint)))
     except (RefusedCheckpoint, RuntimeError) as error:  # RuntimeError: weights that do not fit the model
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with RunRecorder({**vars(args), "test_images": len(test_set)}, script=Path(__file__).name) as record:
         loader = DataLoader(test_set, batch_size=args.batch_size)
-        scores = reference.evaluate(model.to(device), loader, nn.CrossEntropyLoss(), None, False)
+        scores = evaluate(model.to(device), loader, nn.CrossEntropyLoss(), None, False)
         record.log("val", epoch=0, step=0, **scores)
         record.finish(test_acc=scores["val_acc"], test_images=len(test_set))
     print(f"test top-1 {scores['val_acc']:.4f} over {len(test_set)} images")
