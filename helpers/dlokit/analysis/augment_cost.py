@@ -60,6 +60,8 @@ def per_image_costs(images: list, image_size: int) -> pd.DataFrame:
     table = pd.DataFrame([{"pipeline": name, "ms per image": e.value, "low": e.low, "high": e.high}
                           for name, e in estimates.items()])
     table.attrs["samples"] = samples
+    table.attrs["basis"] = (f"ms per image: the median of {len(samples[RANDAUGMENT])} timed blocks over {len(images)} "
+                            "images in this notebook's process; low–high: its 95 % interval over the blocks")
     extra = stats.ratio_of_samples([samples["crop + flip"]], [samples[RANDAUGMENT]])
     print(f"RandAugment makes the per-image pipeline {extra.text()} as expensive (95 % interval over the timed blocks)")
     return table
@@ -106,7 +108,9 @@ def mix_costs(images: list, image_size: int) -> pd.DataFrame:
     }
     table = pd.Series({k: stats.estimate_of_samples([v]).value for k, v in samples.items()}).unstack()
     table = table.rename_axis(f"ms per batch of {len(batch)}")
-    table.attrs.update(samples=samples, batch=len(batch))
+    table.attrs.update(samples=samples, batch=len(batch),
+                       basis=f"ms per batch of {len(batch)}: the median of {len(samples[('mixup', 'one image at a time')])} "
+                             "timed blocks in this notebook's process")
     return table
 
 

@@ -27,7 +27,10 @@ def bn_statistics_table(job_id, runs_dir=None) -> pd.DataFrame:
                          "whole_mean": whole["whole_mean"][channel] if whole is not None else None,
                          "own_var": own_var, "synced_var": synced_var,
                          "whole_var": whole["whole_var"][channel] if whole is not None else None})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs["basis"] = ("one batch, each rank's first channels: own_* from the rank's own images, synced_* what "
+                            "SyncBatchNorm normalised with, whole_* the whole global batch's, computed in one piece")
+    return table
 
 
 def bn_statistics_plot(job_id, runs_dir=None):

@@ -59,6 +59,9 @@ def bandwidth_table(run) -> pd.DataFrame:
                          "algbw_gbs": size / t.value / 1e9, "busbw_gbs": size / t.value * factor,
                          "busbw_low": size / t.high * factor, "busbw_high": size / t.low * factor})
     table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs["basis"] = ("time_s: the median of the repeats, each the slowest rank's; time_low–time_high and "
+                            "busbw_low–busbw_high: 95 % intervals; algbw = bytes / time, busbw = algbw × the op's bus "
+                            "factor (nccl-tests'), in GB/s (1e9 bytes/s)")
     table.attrs.update(run_id=run.run_id, backend=run.summary.get("backend"))
     return table
 

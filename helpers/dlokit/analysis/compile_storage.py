@@ -43,7 +43,11 @@ def compile_table(job_id, runs_dir=None) -> pd.DataFrame:
         estimates = [compile_speedup(lines, row) for _, row in lines.iterrows()]
         lines["speedup_low"] = [e.low for e in estimates]
         lines["speedup_high"] = [e.high for e in estimates]
-    return lines[[c for c in COMPILE_COLUMNS if c in lines]].reset_index(drop=True)
+    table = lines[[c for c in COMPILE_COLUMNS if c in lines]].reset_index(drop=True)
+    table.attrs["basis"] = ("t_compile: seconds of the first calls (compiling); t_step: the median of the timed calls "
+                            "after them; speedup: the part's reference (eager or NumPy) over this variant, "
+                            "speedup_low–speedup_high its 95 % interval over the timed calls")
+    return table
 
 
 def _timed(row) -> list:
@@ -107,7 +111,10 @@ def read_table(job_id, runs_dir=None) -> pd.DataFrame:
     with a 95 % interval (a t-interval on the logarithm of the repeats' speeds; none from a single measurement),
     MB/s and the first batch's time in ms (worker start-up, files opened; medians), and what it read (images, pixel
     sum)."""
-    return _read_rows(_lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir))
+    table = _read_rows(_lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir))
+    table.attrs["basis"] = ("images_per_s: over the repeats, low–high its 95 % interval (none from one repeat); "
+                            "mb_per_s and first_batch_ms (worker start-up, files opened): medians of the repeats")
+    return table
 
 
 def _read_rows(lines: pd.DataFrame) -> pd.DataFrame:

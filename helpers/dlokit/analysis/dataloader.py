@@ -26,6 +26,8 @@ def dataloader_trials(runs, runs_dir=None) -> pd.DataFrame:
     columns.insert(columns.index("t_data") + 1, "load_low")
     columns.insert(columns.index("load_low") + 1, "load_high")
     trials = table[columns].rename(columns={"t_data": "load_s_per_step"})
+    trials.attrs["basis"] = ("load_s_per_step: seconds each step waited for its batch, the median of the run's settled "
+                             "steps; load_low–load_high: its 95 % interval over those steps")
     return trials.sort_values("load_s_per_step", na_position="last", kind="stable").reset_index(drop=True)
 
 

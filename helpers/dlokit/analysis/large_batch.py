@@ -145,7 +145,10 @@ def lr_suggestions(finder_jobs, trainings=(), runs_dir=None) -> pd.DataFrame:
                 row["trained_over_suggested"] = (row["trained_lr"] / row["suggested_lr"]
                                                  if row["trained_lr"] and row["suggested_lr"] else None)
             rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["basis"] = ("one range test per optimiser and batch: suggested_lr its pick, min_loss_lr and steepest_lr "
+                            "where the loss was lowest and fell fastest, diverged_at_lr the first that diverged")
+    return table
 
 
 def suggested_lrs(finder_job, runs_dir=None) -> dict:
@@ -181,9 +184,13 @@ def range_test_trainings(tuned_jobs, found_jobs, runs_dir=None) -> pd.DataFrame:
         rows.append({**row, "tuned_run": base["run_id"], "tuned_lr": base["lr_peak"], "tuned_loss": base["val_loss"],
                      "tuned_top1": base["top1"], "loss_difference": difference.value, "difference_low": difference.low,
                      "difference_high": difference.high, "said": said})
-    return pd.DataFrame(rows, columns=["optimizer", "global_batch", "tuned_lr", "found_lr", "tuned_loss", "found_loss",
-                                       "loss_difference", "difference_low", "difference_high", "said", "tuned_top1",
-                                       "found_top1", "tuned_run", "found_run"])
+    table = pd.DataFrame(rows, columns=["optimizer", "global_batch", "tuned_lr", "found_lr", "tuned_loss", "found_loss",
+                                        "loss_difference", "difference_low", "difference_high", "said", "tuned_top1",
+                                        "found_top1", "tuned_run", "found_run"])
+    table.attrs["basis"] = ("one training each; losses: the mean validation loss over the validation images; "
+                            "loss_difference: the range test's minus TP3.1's, difference_low–difference_high its "
+                            "Welch 95 % interval; said follows from it")
+    return table
 
 
 def range_test_against_untuned(untuned_job, found_jobs, runs_dir=None) -> str:
@@ -412,7 +419,8 @@ def optimizer_summary(job_ids, runs_dir=None) -> pd.DataFrame:
     intervals = [top1_estimate(job, runs_dir) for job in job_ids]
     table["top1_low"], table["top1_high"] = [e.low for e in intervals], [e.high for e in intervals]
     summary = table[OPTIMIZER_COLUMNS].round(4)
-    summary.attrs = dict(table.attrs)
+    summary.attrs = {**table.attrs, "basis": "one training each; top1: the last epoch's validation top-1, "
+                                             "top1_low–top1_high its 95 % Wilson interval over the validation images"}
     return summary
 
 

@@ -126,7 +126,11 @@ def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=(), peak=None) -> pd.Dat
                          **(_speed(run, peak) if outcome == "fits" else {}), "on_gpu": _on_gpu(run)})
     columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb",
                "step_s", "tokens_per_s", "mfu", "on_gpu"]
-    return pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)
+    table = pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)
+    table.attrs["basis"] = ("limit_mb: the --memory-limit of each rank's tensors; measured_mb: the busiest rank's tensors; "
+                            "modelled_mb: the memory model's; step_s: the last step's seconds; tokens_per_s and mfu "
+                            "with their 95 % intervals (analysis/throughput.py)")
+    return table
 
 
 def largest_batches(table: pd.DataFrame) -> dict:
@@ -224,4 +228,7 @@ def lever_table(table: pd.DataFrame) -> pd.DataFrame:
                                      for b in result["largest_batch"]])
         result.insert(6, "speed_x", [v / base["sequences_per_s"] if v and base["sequences_per_s"] else None
                                      for v in result["sequences_per_s"]])
+    result.attrs["basis"] = ("largest_batch: the largest of the scan's batches that fitted under the limit "
+                             "(smallest_out: the smallest that ran out); step_s: the last step's seconds there; "
+                             "batch_x and speed_x: against plain FSDP2's, one run each")
     return result

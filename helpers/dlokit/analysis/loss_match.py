@@ -74,6 +74,11 @@ def loss_match_table(runs, reference, runs_dir=None, tolerance: float | None = N
         table["mfu"] = [speed.loc[r.run_id, "mfu"] for r in runs]
         table.attrs["mfu_basis"] = "; ".join(sorted(set(speed["mfu_basis"])))
     table.attrs.update(reference=ref.run_id, tolerance=tolerance, dtype=dtype)
+    table.attrs["basis"] = (f"against the single process (run {ref.run_id}), step by step: max_abs_dloss the largest "
+                            f"|Δloss| (matched: at most {tolerance:g}, {dtype}'s tolerance), max_rel_dgrad_norm the "
+                            "largest relative Δ of the gradient norm" +
+                            ("; tokens_per_s and mfu: the median of the settled steps [95 % interval]; MFU's peak: "
+                             + table.attrs["mfu_basis"] if "mfu_basis" in table.attrs else ""))
     return table
 
 

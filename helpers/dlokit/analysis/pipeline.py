@@ -88,9 +88,13 @@ def bubble_table(runs, runs_dir=None) -> pd.DataFrame:
             "bubble_over_ideal_measured": measured / (1 - measured) if measured is not None and measured < 1 else None,
             "bubble_over_ideal_theory": (p - 1) / (v * m) if pipelined else None,
         })
-    return pd.DataFrame(rows, columns=["run", "state", "schedule", "p", "v", "m", "idle_by_stage", "bubble_measured",
-                                       "bubble_low", "bubble_high", "bubble_theory", "bubble_over_ideal_measured",
-                                       "bubble_over_ideal_theory"])
+    table = pd.DataFrame(rows, columns=["run", "state", "schedule", "p", "v", "m", "idle_by_stage", "bubble_measured",
+                                        "bubble_low", "bubble_high", "bubble_theory", "bubble_over_ideal_measured",
+                                        "bubble_over_ideal_theory"])
+    table.attrs["basis"] = ("bubble_measured: the busiest stage's idle share of a step, the median of the timed steps, "
+                            "bubble_low–bubble_high its 95 % interval; bubble_theory: (p−1)/(v·m+p−1); "
+                            "idle_by_stage: each stage's idle share")
+    return table
 
 
 FALLS, RISES, FLAT = "falls", "rises", "within noise"
@@ -111,7 +115,11 @@ def bubble_trend(runs, runs_dir=None) -> pd.DataFrame:
         rows.append({"m_from": _shape(before)[3], "m_to": _shape(after)[3], "ratio": ratio.value,
                      "ratio_low": ratio.low, "ratio_high": ratio.high, "trend": word if ratio.usable else FLAT,
                      "theory_ratio": _theory(*_shape(after)[1:]) / _theory(*_shape(before)[1:])})
-    return pd.DataFrame(rows, columns=["m_from", "m_to", "ratio", "ratio_low", "ratio_high", "trend", "theory_ratio"])
+    table = pd.DataFrame(rows, columns=["m_from", "m_to", "ratio", "ratio_low", "ratio_high", "trend", "theory_ratio"])
+    table.attrs["basis"] = ("ratio: the busiest stage's bubble per step at m_to over that at m_from, with its 95 % "
+                            "interval over their timed steps; trend follows from the interval; theory_ratio: the same "
+                            "from (p−1)/(v·m+p−1)")
+    return table
 
 
 def bubble_plot(runs, runs_dir=None):

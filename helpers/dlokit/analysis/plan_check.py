@@ -53,6 +53,9 @@ def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.Da
                      "step_ratio_high": step.high * 1e3 / predicted})
     table = pd.DataFrame(rows, columns=COLUMNS)
     table.attrs.update(notes=notes(table, chosen.attrs if hasattr(chosen, "attrs") else {}), **chosen.attrs)
+    table.attrs["basis"] = ("memory: the memory model's against the busiest rank's tensors; step_measured_ms: the "
+                            "median of the settled steps, step_low_ms–step_high_ms its 95 % interval; ratios: "
+                            "measured / predicted")
     return table
 
 

@@ -46,6 +46,7 @@ def power_table(runs, runs_dir=None) -> pd.DataFrame:
                      "throughput_compute": speed, "joules_per_image": watts / speed if speed else None})
     table = pd.DataFrame(rows, columns=COLUMNS).sort_values("batch_size").reset_index(drop=True)
     table.attrs["unavailable"] = sorted(set(missing))
+    table.attrs["basis"] = "power_w: as source says; joules_per_image = power_w / throughput_compute"
     return table
 
 

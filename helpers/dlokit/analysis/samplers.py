@@ -68,6 +68,8 @@ def compare_studies(studies: dict) -> pd.DataFrame:
                      "best_params": best.params if best else {}})
     table = pd.DataFrame(rows)
     table["verdict"] = _verdicts(table)
+    table.attrs["basis"] = ("best_top1: the best trial's last validation top-1, top1_low–top1_high its 95 % Wilson "
+                            "interval over the validation images; verdict follows from the intervals")
     return table
 
 

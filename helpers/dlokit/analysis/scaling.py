@@ -146,6 +146,9 @@ def scaling_table(runs, runs_dir=None, metric: str = "throughput_train") -> pd.D
     out["note"] = notes
     out.attrs["kind"] = kind
     out.attrs["kind_text"] = KIND_TEXT[kind]
+    out.attrs["basis"] = (f"{metric}: the median of the settled steps of each world size's runs, low–high its 95 % "
+                          "interval; speedup and efficiency against the smallest world size, with their 95 % "
+                          "intervals (over the runs when repeated)")
     out.attrs["speedups"] = dict(zip(out["world_size"], out["_speedup"]))  # stats.Estimate per world size
     if unreadable:  # after the measured sizes, so that their rows keep their places
         out = pd.concat([out, pd.DataFrame(unreadable)], ignore_index=True)

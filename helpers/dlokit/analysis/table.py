@@ -193,17 +193,22 @@ SETTLED = "median of the run's settled steps (the warm-up left out)"
 STEP_COLUMNS = ("throughput_train", "throughput_compute", *SPLITS)
 ID = re.compile(r"^[\w.@-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken over lines
 NO_WRAP = ("run_id", "job_id", "job", "runs", "run", "arm", "name", "state", "mode", "layout", "study")
+SCIENTIFIC = -1  # a column's count of decimals: scientific notation, three significant digits
 LONG_TEXT = 40  # characters: a text cell longer than this is footnoted in FOOTNOTED columns, wraps elsewhere
 FOOTNOTED = ("basis", "why", "verdict")
 OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one character, a cell's padding
 
 
-def decimals(values) -> int:
+def decimals(values) -> int | None:
     """One count of decimals for a whole column: three significant digits of its typical (median) value, never
-    more than the values carry (a column rounded to 2 keeps 2) nor more than 4."""
+    more than the values carry (a column rounded to 2 keeps 2) nor more than 4. None: a column spanning orders of
+    magnitude, or of tiny values (learning rates, loss differences), which reads in scientific notation."""
     numbers = np.abs(np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float))
     if not len(numbers):
         return 0
+    nonzero = numbers[numbers > 0]
+    if len(nonzero) and (nonzero.max() / nonzero.min() > 1e3 or np.median(nonzero) < 1e-3):
+        return None
     typical = float(np.median(numbers[numbers > 0])) if (numbers > 0).any() else 1.0
     wanted = min(4, max(0, 2 - math.floor(math.log10(typical))))
     carried = max(next((k for k in range(7) if abs(round(v, k) - v) < 1e-9 * max(1.0, abs(v))), 6) for v in numbers)
@@ -211,14 +216,16 @@ def decimals(values) -> int:
 
 
 def _groups(columns) -> dict[str, str]:
-    """{column: its group}: a value and its interval (x, x_low, x_high; or x, low, high) share their decimals."""
+    """{column: its group}: a value and its interval share their decimals (x, x_low, x_high; x, low, high; or an
+    interval named its own way, load_low after load_s_per_step, right after its value)."""
+    columns = [str(c) for c in columns]
     group, last = {}, None
-    for column in map(str, columns):
-        base = re.sub(r"_(low|high)$", "", column)
-        if column in ("low", "high", "ratio_low", "ratio_high") and last is not None:
-            base = "ratio" if column.startswith("ratio") else last
-        elif base == column:
+    for column in columns:
+        base = "" if column in ("low", "high") else re.sub(r"_(low|high)(?=$|_)", "", column)
+        if base == column:
             last = column
+        elif base not in columns and last is not None:
+            base = last
         group[column] = base
     return group
 
@@ -238,6 +245,8 @@ def _short(text: str) -> str:
 def _cell(value, column: str, places: int | None, footnotes: list) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "–"
+    if places == SCIENTIFIC:
+        return f"{float(value):.2e}"
     if places is not None:
         return f"{float(value):,.{places}f}".replace(",", " ") if abs(float(value)) >= 1e4 else f"{float(value):.{places}f}"
     text = str(value)
@@ -289,8 +298,9 @@ def rendered(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     wanted = frame.attrs.get("decimals", {})
     group = _groups(frame.columns)
     places = {c: decimals(pd.to_numeric(frame[c], errors="coerce")) for c in frame.columns if _is_number_column(frame[c])}
-    for column in places:
-        places[column] = wanted.get(column, max(p for c, p in places.items() if group[c] == group[column]))
+    for column in places:  # a group with one column in scientific notation reads all of it so
+        shared = [p for c, p in places.items() if group[c] == group[column]]
+        places[column] = wanted.get(column, SCIENTIFIC if None in shared else max(shared))
     footnotes: list[str] = []
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
                          index=frame.index)
