@@ -52,38 +52,40 @@ def test_a_form_with_accumulation_k_plans_k_micro_batches_a_step_and_passes_it_t
     form = race.RaceForm(parser_with_levers(), image_size=32, batch_size=8)
     form.fields["grad_accum"].value = 4
     options = form.options()
-    assert options[options.index("--grad-accum") + 1] == "4" and "4 micro-batches of 8 = 32 images" in form.message.value
-
-    plain, accumulated = plan(None), plan(options)
-    assert plain.step_s == TEST.step_s and plain.steps_per_epoch == 6
-    assert accumulated.step_s == pytest.approx(4 * TEST.micro_s)  # k x the micro-batch the test measured
-    assert accumulated.steps_per_epoch == math.ceil(6 / 4) and accumulated.grad_accum == 4
-    assert accumulated.epoch_s > plain.epoch_s and accumulated.epochs <= plain.epochs  # the epoch's last step is whole
-    text = accumulated.formula()
-    assert "race step = 4 × (micro-batch 0.2000 s (the test's step)) = 0.8000 s" in text
-    assert "/ 4 micro-batches a step = 2" in text and "counted whole" in text
+    assert options[options.index("--grad-accum") + 1] == "4" and "in 4 micro-batches of 2" in form.message.value
+    # the test job runs the form's options (race.submit_test): its steps are 4 micro-batches of 2 images, 0.05 s each
+    ran = replace(TEST, step_s=0.2, grad_accum=4)
+    accumulated = plan(options, ran)
+    assert accumulated.step_s == pytest.approx(4 * ran.micro_s) and ran.micro_s == pytest.approx(0.05)
+    assert accumulated.steps_per_epoch == 6 and accumulated.epoch_s == pytest.approx(plan(None, ran).epoch_s)
+    assert "race step = 4 × 0.0500 s (micro-batches of 2 images) = 0.2000 s, measured" in accumulated.formula()
 
     day = dlokit.Day("alice", dlokit.get_profile("local"), SCRIPT, str(tmp_path))
     argv = run_command(day, accumulated, options)
     assert argv[argv.index("--grad-accum") + 1] == "4"
+    form.fields["grad_accum"].value = 3
+    with pytest.raises(ValueError, match="does not split|must split"):
+        form.options()
 
 
-def test_a_test_that_ran_the_levers_is_the_measurement_and_other_levers_are_costed_from_it():
-    ran = replace(TEST, step_s=0.8, steps_per_epoch=2, grad_accum=4)  # its steps: 4 micro-batches of 0.2 s each
-    same = plan(["--grad-accum", "4"], ran)
-    assert same.step_s == 0.8 and "measured (the test ran them)" in same.formula() and same.steps_per_epoch == 2
-    one = plan(["--grad-accum", "1"], ran)
-    assert one.step_s == pytest.approx(0.2) and one.steps_per_epoch == 8  # its 2 x 4 micro-batches, one a step
-    assert "0.2000 s (the test's step / its 4 micro-batches)" in one.formula()
+def test_a_test_without_the_levers_costs_them_and_says_what_is_stated():
+    four = plan(["--grad-accum", "4"])  # micro-batches of 2 images, from a test of whole batches of 8
+    assert four.step_s == pytest.approx(4 * TEST.step_s / 4) and four.steps_per_epoch == TEST.steps_per_epoch
+    assert "race step = 4 × 0.0500 s (micro-batches of 2 images: the test's 0.2000 s for 8 images × 1/4" in four.formula()
+    assert "a lower bound" in four.formula() and "--grad-accum 4 measures it" in four.formula()
+    with pytest.raises(race.RacePlanError, match="does not split into 3"):
+        plan(["--grad-accum", "3"])
+    with pytest.raises(race.RacePlanError, match="at least one micro-batch"):
+        plan(["--grad-accum", "0"])
 
 
 def test_checkpointing_costs_one_forward_more_measured_or_stated():
     on = plan(["--activation-checkpointing"])
-    assert on.step_s == pytest.approx(TEST.step_s + TEST.t_forward)
-    assert "its forward 0.0500 s (measured by the test) for activation checkpointing on" in on.formula()
-    stated = plan(["--activation-checkpointing", "--grad-accum", "2"], replace(TEST, t_forward=None))
-    assert stated.step_s == pytest.approx(2 * TEST.step_s * planner.STATED_RECOMPUTE) and "stated" in stated.formula()
+    assert on.step_s == pytest.approx(TEST.step_s + TEST.t_forward) and on.epoch_s > plan(None).epoch_s
+    assert "+ the batch's forward 0.0500 s (measured by the test) for activation checkpointing on" in on.formula()
+    stated = plan(["--activation-checkpointing"], replace(TEST, t_forward=None))
+    assert stated.step_s == pytest.approx(TEST.step_s * planner.STATED_RECOMPUTE) and "(stated:" in stated.formula()
     off = plan([], replace(TEST, activation_checkpointing=True))
     assert off.step_s == pytest.approx(TEST.step_s - TEST.t_forward) and "checkpointing off" in off.formula()
-    with pytest.raises(race.RacePlanError, match="at least one micro-batch"):
-        plan(["--grad-accum", "0"])
+    measured = plan(["--activation-checkpointing"], replace(TEST, activation_checkpointing=True))
+    assert measured.step_s == TEST.step_s and "measured: the test ran these levers" in measured.formula()

@@ -8,9 +8,10 @@
 The optimiser, schedule, precision and augmentation choices are read from the script's own parser
 (tp_scripts/common/train_options.py), so the form offers exactly what the script accepts. The precision, memory
 layout, DataLoader and optimiser fields start from what the week chose (the day's `carried` options: Day 1, Day 2,
-Day 3). The memory levers trade time for batch: `--grad-accum K` makes each optimizer step K micro-batches of the
-batch per GPU (K x its images, the memory of one), `--activation-checkpointing` recomputes the forward in backward
-(less memory, one forward more); race.planner costs both (step_cost). A script without these options has them greyed.
+Day 3). The memory levers keep a batch that does not fit, at the price of time: `--grad-accum K` runs each GPU's
+batch as K micro-batches (the memory of one, K smaller passes; as train_llm.py and fit_levers.py split it),
+`--activation-checkpointing` recomputes the forward in backward (less memory, one forward more); race.planner costs
+both (step_cost). A script without these options has them greyed.
 """
 from __future__ import annotations
 
@@ -80,6 +81,10 @@ def race_options(parser: argparse.ArgumentParser, *, image_size: int, batch_size
             options += [option_of(name), str(value)]
     if int(batch_size) < 2 or int(image_size) < 32:
         raise ValueError("batch size must be at least 2 (BatchNorm) and image size at least 32 px")
+    accumulation = int(chosen.get("grad_accum") or 1)
+    if int(batch_size) % accumulation or int(batch_size) // accumulation < 2:
+        raise ValueError(f"accumulation steps {accumulation}: the batch of {batch_size} per GPU must split into "
+                         f"{accumulation} micro-batches of 2 images or more (BatchNorm)")
     if not float(lr) > 0 or float(weight_decay) < 0:
         raise ValueError(f"learning rate must be positive and weight decay not negative (lr {lr}, wd {weight_decay})")
     messages = io.StringIO()
@@ -175,9 +180,9 @@ class RaceForm:
             self.message.value = f"<b style='color:#cf222e'>{error}</b>"
             raise
         values = self.values()
-        effective = "" if not (values["grad_accum"] or 1) > 1 else (
-            f"<br>each step: {values['grad_accum']} micro-batches of {values['batch_size']} = "
-            f"{values['grad_accum'] * values['batch_size']} images per GPU")
+        k = values["grad_accum"] or 1
+        effective = "" if k == 1 else (f"<br>each step: {values['batch_size']} images per GPU in {k} micro-batches of "
+                                       f"{values['batch_size'] // k} (the memory of one)")
         self.message.value = f"<code>{' '.join(options)}</code>{effective}" + (f"<br>{self.greyed}" if self.greyed else "")
         return options
 

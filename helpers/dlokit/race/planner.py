@@ -7,11 +7,11 @@
     epochs = floor((budget − startup) / (steps per epoch × step time + validation + loader start + checkpoint))
 
 * step time: the test's measured pace per step, its wait for data included (summary `t_period` on a GPU,
-  `t_data + t_step` on the CPU); with the memory levers of the race's options (`--grad-accum K`,
-  `--activation-checkpointing`), an optimizer step of K micro-batches (each of --batch-size images) costs K x the
-  micro-batch's time, and checkpointing one forward more per micro-batch: measured where the test ran the race's
-  levers, else from the test's own timings (its micro-batch, its forward: `step_cost`), or, with no forward timing,
-  the stated STATED_RECOMPUTE; the plan says which;
+  `t_data + t_step` on the CPU); with the memory levers of the race's options (`--grad-accum K`: the batch per GPU in
+  K micro-batches, as train_llm.py and fit_levers.py split it; `--activation-checkpointing`), a step costs K x the
+  time of a micro-batch, and checkpointing one forward more: measured where the test ran the race's levers, else
+  costed from the test's timings (`step_cost`: a micro-batch's time in proportion to its images, a lower bound; the
+  test's forward, or the stated STATED_RECOMPUTE); the plan says which;
 * startup: what the test spent outside its steps (process start to end − steps × step time): imports, the
   data set scan, the model, the first batches' allocations and warm-up;
 * validation: the whole val/ split every epoch, shared by the GPUs, at the test's forward time per batch
@@ -74,12 +74,12 @@ class TestRun:
     energy_source: str | None
     config: dict = field(default_factory=dict)
     argv: list = field(default_factory=list)
-    grad_accum: int = 1                   # micro-batches per optimizer step the test ran (--grad-accum)
+    grad_accum: int = 1                   # micro-batches the test split each step's batch into (--grad-accum)
     activation_checkpointing: bool = False
 
     @property
     def micro_s(self) -> float:
-        """One micro-batch's forward and backward (and its share of the optimizer step), as the test measured it."""
+        """One micro-batch (batch_size / grad_accum images): its share of the test's measured step."""
         return self.step_s / self.grad_accum
 
 
@@ -144,7 +144,6 @@ class RacePlan:
     epochs: int
     notes: list[str] = field(default_factory=list)
     step_s: float = 0.0          # the race's optimizer step (step_cost); 0: the test's
-    grad_accum: int = 1
     step_words: str = ""         # how step_s follows from the test's timings
 
     @property
@@ -196,11 +195,8 @@ class RacePlan:
             f"step {t.step_s:.4f} s (of which waiting for data {t.t_data:.4f} s), startup {t.startup_s:.1f} s",
             *([self.step_words] if self.step_words else []),
             f"steps per epoch on {self.gpus} GPU(s): " + (
-                f"{t.train_images} training images / {self.gpus} GPU(s) / batch {t.batch_size}"
-                + (f" / {self.grad_accum} micro-batches a step" if self.grad_accum > 1 else "")
-                + f" = {self.steps_per_epoch}"
-                if t.train_images else f"{self.steps_per_epoch} (synthetic data"
-                + (f": its micro-batches / {self.grad_accum} a step)" if self.grad_accum > 1 else ")")),
+                f"{t.train_images} training images / {self.gpus} GPU(s) / batch {t.batch_size} = {self.steps_per_epoch}"
+                if t.train_images else f"{self.steps_per_epoch} (synthetic data)"),
             f"validation: {t.val_images} images / {self.gpus} GPU(s) / batch {t.batch_size} = {self.val_batches} "
             f"batches × {(self.val_s / self.val_batches) if self.val_batches else 0:.4f} s (data wait + forward, "
             "forward-only estimate)",
@@ -266,26 +262,34 @@ def levers(options) -> tuple[int, bool]:
 
 
 def step_cost(test: TestRun, grad_accum: int, activation_checkpointing: bool) -> tuple[float, str]:
-    """The race's optimizer step: `grad_accum` micro-batches at the test's micro-batch time, with activation
-    checkpointing's recompute (one forward more a micro-batch); and, in words, what was measured and what stated."""
-    if (grad_accum, activation_checkpointing) == (test.grad_accum, test.activation_checkpointing):
-        what = f"{grad_accum} micro-batches a step" if grad_accum > 1 else ""
-        what += (" and " if what else "") + "activation checkpointing" if activation_checkpointing else ""
-        return test.step_s, (f"levers: {what}, measured (the test ran them)" if what else "")
-    micro = test.micro_s
-    how = f"micro-batch {micro:.4f} s (the test's step" + (
-        f" / its {test.grad_accum} micro-batches)" if test.grad_accum > 1 else ")")
+    """The race's step: `grad_accum` micro-batches of batch_size / grad_accum images, each at its time, with
+    activation checkpointing's one forward more; and, in words, what was measured and what stated."""
+    k, batch = grad_accum, test.batch_size
+    if (k, activation_checkpointing) == (test.grad_accum, test.activation_checkpointing):
+        if k == 1 and not activation_checkpointing:
+            return test.step_s, ""
+        return test.step_s, (f"race step = {k} × {test.micro_s:.4f} s (micro-batches of {batch / k:g} images"
+                             + (", activation checkpointing" if activation_checkpointing else "")
+                             + f") = {test.step_s:.4f} s, measured: the test ran these levers")
+    micro, size, recompute = test.micro_s, "", ""
+    if k != test.grad_accum:
+        micro *= test.grad_accum / k
+        size = (f": the test's {test.micro_s:.4f} s for {batch / test.grad_accum:g} images × {test.grad_accum}/{k}, "
+                "stated: in proportion to the images, a lower bound (a smaller pass uses the device less well; a test "
+                f"with --grad-accum {k} measures it)")
+    step = k * micro
     if activation_checkpointing != test.activation_checkpointing:
-        sign = 1 if activation_checkpointing else -1
-        if test.t_forward is not None:
-            micro += sign * test.t_forward
-            how += f" {'+' if sign > 0 else '−'} its forward {test.t_forward:.4f} s (measured by the test)"
+        sign, state = (1, "on") if activation_checkpointing else (-1, "off")
+        if test.t_forward is not None and test.grad_accum == 1:  # then its forward is the whole batch's
+            step += sign * test.t_forward
+            recompute = (f" {'+' if sign > 0 else '−'} the batch's forward {test.t_forward:.4f} s (measured by the "
+                         f"test) for activation checkpointing {state}")
         else:
             factor = STATED_RECOMPUTE if sign > 0 else 1 / STATED_RECOMPUTE
-            micro *= factor
-            how += f" × {factor:.3f} (stated: one forward more in 3 units of a step; the test has no forward timing)"
-        how += " for activation checkpointing " + ("on" if activation_checkpointing else "off")
-    return grad_accum * micro, f"race step = {grad_accum} × ({how}) = {grad_accum * micro:.4f} s"
+            step *= factor
+            recompute = (f" × {factor:.3f} for activation checkpointing {state} (stated: one forward more in a step "
+                         "of three forwards' time; the test timed no forward of its whole batch)")
+    return step, f"race step = {k} × {micro:.4f} s (micro-batches of {batch / k:g} images{size}){recompute} = {step:.4f} s"
 
 
 def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours: float | None = None,
@@ -306,11 +310,10 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
                      "same (each GPU keeps its batch; communication may add to it)")
     k, checkpointing = (test.grad_accum, test.activation_checkpointing) if options is None else levers(options)
     step_s, step_words = step_cost(test, k, checkpointing)
-    micro_batches = test.steps_per_epoch * test.grad_accum if gpus == test.world_size else epoch_steps(test, gpus)
-    steps_per_epoch = math.ceil(micro_batches / k)
-    if micro_batches % k:
-        notes.append(f"{micro_batches} micro-batches an epoch do not split into steps of {k}: its last step, of "
-                     f"{micro_batches % k}, is counted whole (an upper bound)")
+    if test.batch_size % k:
+        raise RacePlanError(f"--grad-accum {k}: the batch of {test.batch_size} per GPU does not split into {k} "
+                            "micro-batches")
+    steps_per_epoch = test.steps_per_epoch if gpus == test.world_size else epoch_steps(test, gpus)
     val_batches = math.ceil(math.ceil(test.val_images / gpus) / test.batch_size) if test.val_images else 0
     if test.t_forward is None and val_batches:
         notes.append("the test has no forward-pass timing: a validation batch is taken as a third of a step")
@@ -322,7 +325,7 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
     plan = RacePlan(test=test, gpus=gpus, budget_s=wall, budget_gpu_hours=gpu_hours, budget_words=words,
                     steps_per_epoch=steps_per_epoch, val_batches=val_batches, val_s=val_batches * val_batch_s,
                     loader_s=loader_s, checkpoint_s=test.checkpoint_s or 0.0, epochs=0, notes=notes,
-                    step_s=step_s, grad_accum=k, step_words=step_words)
+                    step_s=step_s, step_words=step_words)
     plan.epochs = max(0, math.floor((wall - test.startup_s) / plan.epoch_s))
     if not plan.fits:
         notes.append(f"the budget does not fit one epoch ({plan.epoch_s:.0f} s after {test.startup_s:.0f} s of "
@@ -331,10 +334,10 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
 
 
 def epoch_steps(test: TestRun, gpus: int) -> int:
-    """Batches (micro-batches) per epoch on `gpus` GPUs, as train_classifier.py counts them (a DistributedSampler
+    """Optimizer steps per epoch on `gpus` GPUs, as train_classifier.py counts them (a DistributedSampler
     shard per GPU; a last batch of one image is dropped, BatchNorm cannot take it)."""
     if not test.train_images:
-        return test.steps_per_epoch * test.grad_accum  # synthetic: --synthetic-steps, whatever the GPU count
+        return test.steps_per_epoch  # synthetic: --synthetic-steps, whatever the GPU count
     shard = math.ceil(test.train_images / gpus)
     drop = test.drop_last or shard % test.batch_size == 1
     return shard // test.batch_size if drop else math.ceil(shard / test.batch_size)
