@@ -134,7 +134,9 @@ def _read_rows(lines: pd.DataFrame) -> pd.DataFrame:
 
 def fastest_read(job_id, runs_dir=None) -> str:
     """Which format and worker count read fastest, and whether its lead over the next one is beyond noise: the ratio
-    of their speeds with its 95 % interval, from their repeats (dlokit.analysis.stats.ratio_of_samples)."""
+    of their speeds with its 95 % interval, from their repeats (dlokit.analysis.stats.ratio_of_samples). The sentence
+    starts with what the interval says ("fastest here: ", "no single fastest here: "), so that no caller names a
+    fastest that the numbers after it deny."""
     lines = _lines(job_id, "read_result", READ_LINE_COLUMNS, runs_dir)
     table = _read_rows(lines).sort_values("images_per_s", ascending=False)
     if table.empty:
@@ -143,7 +145,7 @@ def fastest_read(job_id, runs_dir=None) -> str:
     said = f"{best['format']} with {best['num_workers']} workers ({best['images_per_s']:.0f} img/s"
     said += f" [{best['low']:.0f}–{best['high']:.0f}])" if pd.notna(best["low"]) else ", one measurement)"
     if len(table) == 1:
-        return said
+        return f"one format read: {said}"
     second = table.iloc[1]
 
     def speeds(row):
@@ -153,11 +155,12 @@ def fastest_read(job_id, runs_dir=None) -> str:
     lead = stats.ratio_of_samples(speeds(second), speeds(best))
     other = f"{second['format']} with {second['num_workers']} workers"
     if not lead.usable or lead.low == lead.high:
-        return f"{said}, then {other}: one measurement each, no interval to say whether the lead is real"
+        return (f"fastest of one measurement each: {said}, then {other}; no interval to say whether the lead is "
+                "real")
     if lead.low > 1:
-        return f"{said}, ×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}] the next, {other}"
-    return (f"{said}, within noise of {other} (×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}]): "
-            "no single fastest here")
+        return f"fastest here: {said}, ×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}] the next, {other}"
+    return (f"no single fastest here: {said} is within noise of {other} "
+            f"(×{lead.value:.2f} [{lead.low:.2f}–{lead.high:.2f}])")
 
 
 def read_plot(job_id, runs_dir=None):

@@ -261,5 +261,4 @@ def storage(job_id):
                           f"({dict(zip(group['format'], group['pixel_sum']))}): read each format's whole split (a part "
                           "holds different images in each format's order); if they still differ, convert again "
                           "with data/convert_formats.py --force, then --verify", details)
-    return passed(f"{', '.join(formats)} yield the same samples; fastest here: "
-                  f"{fastest_read(run.run_id, run.path.parent)}", details)
+    return passed(f"{', '.join(formats)} yield the same samples; {fastest_read(run.run_id, run.path.parent)}", details)

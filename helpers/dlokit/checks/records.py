@@ -159,15 +159,6 @@ def compare_text(label, run, base, key, unit) -> str:
     return f"{label}{which}: {value:.4g} {unit} vs {reference:.4g} {unit} ({factor})"
 
 
-def factor_words(factor, what, higher_is_better=True) -> str:
-    """'×1.84 compute throughput (better, as the lesson predicts)', '×1.02 peak memory (no gain, unlike the
-    lesson)' or '... not measured'."""
-    if factor is None:
-        return f"{what} not measured"
-    better = factor > 1 if higher_is_better else factor < 1
-    return f"×{factor:.2f} {what} ({'better, as the lesson predicts' if better else 'no gain, unlike the lesson'})"
-
-
 def arms_by(runs, key: str) -> dict[str, list]:
     """Completed runs grouped by a config value (repeats of one command form one arm), in order of appearance."""
     arms: dict[str, list] = {}
