@@ -24,17 +24,35 @@ def read_back(html: str) -> tuple[list[str], list[list], str]:
     return headers, rows, soup.select_one(".dlokit-basis").get_text(" ")
 
 
+NUMBER = r"-?\d[\d ]*(?:\.(\d+))?"
+
+
 def decimals_of(text: str) -> int | None:
-    number = re.fullmatch(r"-?[\d ]+(?:\.(\d+))?", text.strip())
+    """A number's decimals; None: not a number."""
+    number = re.fullmatch(NUMBER, text.strip())
     return None if number is None else len(number.group(1) or "")
+
+
+def numbers_of(text: str) -> list[int] | None:
+    """The decimals of a cell's numbers: one ("148.1"), or a value and its interval ("1.52 [1.34–1.71]")."""
+    one = decimals_of(text)
+    if one is not None:
+        return [one]
+    three = re.fullmatch(rf"({NUMBER}) \[({NUMBER})–({NUMBER})\]", text.strip())
+    return None if three is None else [decimals_of(three.group(k)) for k in (1, 3, 5)]
+
+
+def cell(rows, headers, header: str) -> list[str]:
+    return [row[headers.index(header)].get_text() for row in rows]
 
 
 def assert_one_count_of_decimals_per_column(html: str) -> None:
     headers, rows, _ = read_back(html)
     for k, header in enumerate(headers):
-        counts = {decimals_of(row[k].get_text()) for row in rows if row[k].get_text() != "–"}
-        if None not in counts:
-            assert len(counts) == 1, f"{header}: {counts} decimals in one column"
+        found = [numbers_of(row[k].get_text()) for row in rows if row[k].get_text() != "–"]
+        if found and None not in found:
+            counts = {d for numbers in found for d in numbers}
+            assert len(counts) == 1, f"{header}: {counts} decimals in one column (a value and its interval alike)"
 
 
 @pytest.fixture
@@ -68,8 +86,10 @@ def test_a_comparison_reads_with_its_basis_and_the_long_basis_footnoted(runs):
     html = comparison._repr_mimebundle_()["text/html"].split("<img")[0]
     assert_one_count_of_decimals_per_column(html)
     headers, rows, foot = read_back(html)
-    ratio = [row[headers.index("ratio")].get_text() for row in rows]
-    assert float(ratio[0]) == 1 and decimals_of(ratio[0]) == decimals_of(ratio[1])  # the baseline to the ratios' decimals
+    ratio = cell(rows, headers, "ratio [low–high]")
+    assert numbers_of(ratio[0])[0] == numbers_of(ratio[1])[0]  # the baseline's 1 to the ratios' decimals
+    assert ratio[0].startswith("1.") and " [1." in ratio[0]
+    assert all(re.fullmatch(rf"{NUMBER} \[{NUMBER}–{NUMBER}\]", v) for v in cell(rows, headers, "throughput_compute [low–high]"))
     assert "the median of each arm's settled steps" in foot and "95 % interval" in foot
     basis = rows[1][headers.index("basis")]
     assert basis.find("sup") is not None and len(basis.get_text()) < 32  # short in the cell ...
@@ -81,7 +101,21 @@ def test_a_table_with_its_own_basis_and_rounded_columns(runs):
     html = html_of(speeds)
     assert_one_count_of_decimals_per_column(html)
     headers, rows, _ = read_back(html)
-    low = [decimals_of(row[headers.index("low")].get_text()) for row in rows]
-    value = [decimals_of(row[headers.index("throughput_compute")].get_text()) for row in rows]
-    assert low == value  # a value and its interval to the same decimals
-    assert all(d <= 2 for d in value)  # never more than the table was rounded to
+    shown = [numbers_of(v) for v in cell(rows, headers, "throughput_compute [low–high]")]
+    assert all(len(set(numbers)) == 1 for numbers in shown)  # a value and its interval to the same decimals
+    assert all(numbers[0] <= 2 for numbers in shown)  # never more than the table was rounded to
+
+
+def test_the_scaling_table_fits_the_output_with_its_intervals_beside_their_values(tmp_path):
+    """Day 2's scaling table: 17 columns, three of them intervals, ~1,200 px as columns of their own."""
+    from test_analysis import write_run
+
+    for world_size, t_step in ((1, 0.05), (2, 0.055), (4, 0.0625)):
+        write_run(tmp_path, f"1128-10000{world_size}-abcd", world_size=world_size, t_data=0.0, t_step=t_step, steps=5)
+    table = analysis.scaling_table(None, tmp_path).round(3)  # as verdicts.scaling_views shows it
+    html = html_of(table)
+    assert_one_count_of_decimals_per_column(html)
+    headers, rows, foot = read_back(html)
+    assert {"speedup [low–high]", "efficiency [low–high]"} <= set(headers) and "speedup_low" not in headers
+    assert "the median of the settled steps of each world size's runs" in foot
+    assert width_px(rendered(table)[0]) < OUTPUT_PX

@@ -304,8 +304,29 @@ def rendered(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     footnotes: list[str] = []
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
                          index=frame.index)
-    cells.columns = [c.replace("_", "_<wbr>") for c in frame.columns]  # a long header wraps at its underscores
+    cells = _with_intervals(cells, _groups(frame.columns))
+    cells.columns = [c.replace("_", "_<wbr>") for c in cells.columns]  # a long header wraps at its underscores
     return cells, footnotes, empty
+
+
+def _with_intervals(cells: pd.DataFrame, group: dict) -> pd.DataFrame:
+    """A value and its interval's two columns (x, x_low, x_high; x, low, high) as one: "1.52 [1.34–1.71]", headed
+    "x [low–high]": three columns' width in one."""
+    columns, out = list(cells.columns), {}
+    k = 0
+    while k < len(columns):
+        column = columns[k]
+        pair = columns[k + 1:k + 3]
+        if (len(pair) == 2 and all(group[c] == column and c != column for c in pair)
+                and "low" in pair[0] and "high" in pair[1]):
+            out[f"{column} [low–high]"] = [
+                v if low == high == "–" else f'<span style="white-space:nowrap">{v} [{low}–{high}]</span>'
+                for v, low, high in zip(cells[column], cells[pair[0]], cells[pair[1]])]
+            k += 3
+        else:
+            out[column] = list(cells[column])
+            k += 1
+    return pd.DataFrame(out, index=cells.index)
 
 
 def basis_lines(frame: pd.DataFrame) -> list[str]:
