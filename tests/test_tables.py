@@ -75,9 +75,10 @@ def test_the_runs_table_reads_with_one_count_of_decimals_and_what_each_number_is
     assert "median of the run's settled steps" in foot and "seconds per step" in foot
     # nothing to show (no GPU, nothing overlapped): left out, and said so
     assert "gpu_mem_peak_mb" not in headers and "gpu_mem_peak_mb" in foot.split("left out, nothing in them here:")[1]
+    assert "state" not in headers and "state: completed in every row" in foot  # one value: said once
     ids_cells = [row[headers.index("run_id")] for row in rows]
     assert all(cell.find("span", style="white-space:nowrap") for cell in ids_cells)  # never broken over lines
-    assert width_px(rendered(shown)[0]) < OUTPUT_PX  # Day 1's last table within the output
+    assert width_px(rendered(shown).cells) < OUTPUT_PX  # Day 1's last table within the output
 
 
 def test_a_comparison_reads_with_its_basis_and_the_long_basis_footnoted(runs):
@@ -118,4 +119,4 @@ def test_the_scaling_table_fits_the_output_with_its_intervals_beside_their_value
     headers, rows, foot = read_back(html)
     assert {"speedup [low–high]", "efficiency [low–high]"} <= set(headers) and "speedup_low" not in headers
     assert "the median of the settled steps of each world size's runs" in foot
-    assert width_px(rendered(table)[0]) < OUTPUT_PX
+    assert width_px(rendered(table).cells) < OUTPUT_PX

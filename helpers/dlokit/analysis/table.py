@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -194,6 +195,7 @@ STEP_COLUMNS = ("throughput_train", "throughput_compute", *SPLITS)
 ID = re.compile(r"^[\w.@-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken over lines
 NO_WRAP = ("run_id", "job_id", "job", "runs", "run", "arm", "name", "state", "mode", "layout", "study")
 SCIENTIFIC = -1  # a column's count of decimals: scientific notation, three significant digits
+SAME_ROWS = 3  # a column with one value in this many rows or more is said once, in the footnote
 LONG_TEXT = 40  # characters: a text cell longer than this is footnoted in FOOTNOTED columns, wraps elsewhere
 FOOTNOTED = ("basis", "why", "verdict")
 OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one character, a cell's padding
@@ -284,10 +286,23 @@ def width_px(cells: pd.DataFrame) -> float:
     return (sum(widths) + index) * CHAR_PX + CELL_PAD_PX * (len(widths) + 1)
 
 
-def rendered(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
-    """(the cells as html_of writes them, the footnoted long texts, the columns left out as empty)."""
+def named(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose column names are text (a MultiIndex's joined by spaces)."""
     frame = frame.copy()
     frame.columns = [str(c) if not isinstance(c, tuple) else " ".join(map(str, c)) for c in frame.columns]
+    return frame
+
+
+class Rendered(NamedTuple):
+    cells: pd.DataFrame  # as html_of writes them
+    footnotes: list  # the long texts a cell shows the start of, numbered from 1
+    said: list  # the columns said once: one value in every row, or nothing in them
+    shown: list  # the frame's columns still there, alone or with their interval
+
+
+def rendered(frame: pd.DataFrame) -> Rendered:
+    """The table's cells as html_of writes them, and what goes to its footnote."""
+    frame = named(frame)
     empty = [c for c in frame.columns if _empty(frame[c])] if len(frame) else []
     frame = frame.drop(columns=empty)
     for column in frame.columns:  # numbers beside None (a GPU figure on a CPU run) read as numbers
@@ -305,8 +320,13 @@ def rendered(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
                          index=frame.index)
     cells = _with_intervals(cells, _groups(frame.columns))
+    same = [c for c in cells.columns if len(cells) >= SAME_ROWS and cells[c].nunique() == 1]
+    said = [f"{c}: {html.unescape(re.sub(r'<[^>]+>', '', cells[c].iloc[0]))} in every row" for c in same]
+    if empty:
+        said.append(f"left out, nothing in them here: {', '.join(map(str, empty))}")
+    cells = cells.drop(columns=same)
     cells.columns = [c.replace("_", "_<wbr>") for c in cells.columns]  # a long header wraps at its underscores
-    return cells, footnotes, empty
+    return Rendered(cells, footnotes, said, list(frame.columns))
 
 
 def _with_intervals(cells: pd.DataFrame, group: dict) -> pd.DataFrame:
@@ -345,13 +365,11 @@ def basis_lines(frame: pd.DataFrame) -> list[str]:
 
 def html_of(frame: pd.DataFrame) -> str:
     """The table as a notebook shows it (see this section's head)."""
-    cells, footnotes, empty = rendered(frame)
-    body = cells.to_html(escape=False, index=not isinstance(frame.index, pd.RangeIndex), border=0,
-                         classes="dataframe dlokit-table", na_rep="–")
-    notes = [f"<sup>{k}</sup> {html.escape(text)}" for k, text in enumerate(footnotes, 1)]
-    notes += [html.escape(line) for line in basis_lines(frame.drop(columns=empty))]
-    if empty:
-        notes.append(html.escape(f"left out, nothing in them here: {', '.join(map(str, empty))}"))
+    table = rendered(frame)
+    body = table.cells.to_html(escape=False, index=not isinstance(frame.index, pd.RangeIndex), border=0,
+                               classes="dataframe dlokit-table", na_rep="–")
+    notes = [f"<sup>{k}</sup> {html.escape(text)}" for k, text in enumerate(table.footnotes, 1)]
+    notes += [html.escape(line) for line in [*basis_lines(named(frame)[table.shown]), *table.said]]
     foot = "".join(f"<div>{n}</div>" for n in notes)
     return (f'<div class="dlokit-table-box" style="max-width:100%;overflow-x:auto">{body}'
             f'<div class="dlokit-basis" style="font-size:85%;color:#555;margin-top:2px">{foot}</div></div>')
