@@ -24,7 +24,7 @@ def read_back(html: str) -> tuple[list[str], list[list], str]:
     return headers, rows, soup.select_one(".dlokit-basis").get_text(" ")
 
 
-NUMBER = r"-?\d[\d ]*(?:\.(\d+))?"
+NUMBER = r"-?\d[\d\u202f]*(?:\.(\d+))?"  # 12 345.6: thousands apart by a narrow no-break space
 
 
 def decimals_of(text: str) -> int | None:
@@ -78,6 +78,8 @@ def test_the_runs_table_reads_with_one_count_of_decimals_and_what_each_number_is
     assert "state" not in headers and "state: completed in every row" in foot  # one value: said once
     ids_cells = [row[headers.index("run_id")] for row in rows]
     assert all(cell.find("span", style="white-space:nowrap") for cell in ids_cells)  # never broken over lines
+    overlapped = [row[headers.index("overlapped_by")] for row in rows]  # a list of ids: each on one line
+    assert all(len(cell.find_all("span", style="white-space:nowrap")) == 2 for cell in overlapped)
     assert width_px(rendered(shown).cells) < OUTPUT_PX  # Day 1's last table within the output
 
 

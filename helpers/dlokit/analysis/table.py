@@ -249,18 +249,24 @@ def _cell(value, column: str, places: int | None, footnotes: list) -> str:
         return "–"
     if places == SCIENTIFIC:
         return f"{float(value):.2e}"
-    if places is not None:
-        return f"{float(value):,.{places}f}".replace(",", " ") if abs(float(value)) >= 1e4 else f"{float(value):.{places}f}"
+    if places is not None:  # thousands apart by a narrow no-break space: 12 345 never breaks over two lines
+        return f"{float(value):,.{places}f}".replace(",", "\u202f")
     text = str(value)
     if column in FOOTNOTED and len(text) > LONG_TEXT:
         if text not in footnotes:
             footnotes.append(text)
         return f"{html.escape(_short(text))}<sup>{footnotes.index(text) + 1}</sup>"
-    if column in NO_WRAP or ID.match(text):
+    if (column in NO_WRAP and len(text) <= 24) or ID.match(text):
         return f'<span style="white-space:nowrap">{html.escape(text)}</span>'
     if len(text) > LONG_TEXT:
-        return f'<div style="min-width:14em;white-space:normal">{html.escape(text)}</div>'
-    return html.escape(text)
+        return f'<div style="min-width:14em;white-space:normal">{_unbroken_ids(text)}</div>'
+    return _unbroken_ids(text)
+
+
+def _unbroken_ids(text: str) -> str:
+    """The text, escaped, each id in it on one line (a browser breaks 1128-143005-d3b7 at its hyphens)."""
+    return " ".join(f'<span style="white-space:nowrap">{html.escape(word)}</span>' if ID.match(word.rstrip(",;:)"))
+                    else html.escape(word) for word in text.split(" "))
 
 
 def _empty(series: pd.Series) -> bool:
