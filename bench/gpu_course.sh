@@ -13,7 +13,9 @@ out=$1; shift
 if [ -d .whl ] && [ ! -d /tmp/site/submitit ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
 fi
-export PYTHONPATH=/tmp/site:$PWD/helpers PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# the kit is not installed here: helpers/ (dlokit) and the folders of the scripts' shared packages (common, llm_kit),
+# which pyproject.toml installs by name elsewhere
+export PYTHONPATH=/tmp/site:$PWD/helpers:$PWD/tp_scripts:$PWD/tp_scripts/llm PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv,noheader
 python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cores", __import__("os").cpu_count())'
 for item in "$@"; do

@@ -128,6 +128,40 @@ def test_a_shared_package_imports_no_students_file():
             assert not found, f"{module.relative_to(REPO)} imports the students' {sorted(found)}"
 
 
+STUDENT_LINES = 350    # a student's file: the practical, its harness in the family's shared package
+FUNCTION_SCREEN = 25  # a TODO sits within the first lines of its function
+FILE_SCREEN = 50      # ... and, in compile_bench.py, within the file's first screenful
+
+
+def todos_and_their_functions(path: Path) -> list[tuple[str, int, int]]:
+    """(TP, line of the TODO, line of the innermost function or class around it) for each TODO of a file."""
+    lines = path.read_text().splitlines()
+    scopes = [node for node in ast.walk(ast.parse("\n".join(lines)))
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    found = []
+    for number, line in enumerate(lines, start=1):
+        todo = re.search(r"# TODO (TP\d\.\d+)", line)
+        if todo:
+            around = [s for s in scopes if s.lineno <= number <= s.end_lineno]
+            found.append((todo[1], number, max(s.lineno for s in around) if around else 0))
+    return found
+
+
+def test_the_student_files_hold_the_practical_and_their_todos_come_first():
+    students = [REPO / "tp_scripts" / "compile_bench.py",
+                *(REPO / "tp_scripts" / "llm" / p.name for p in (REPO / "tp_scripts" / "llm" / "solutions").glob("*.py"))]
+    assert len(students) >= 6
+    for path in students:
+        assert len(path.read_text().splitlines()) <= STUDENT_LINES, f"{path.name}: move its harness below it"
+        todos = todos_and_their_functions(path)
+        assert todos, f"{path.name} has no TODO"
+        for tp, line, function in todos:
+            assert function and line - function <= FUNCTION_SCREEN, f"{path.name}: {tp}'s TODO, line {line}"
+    bench = REPO / "tp_scripts" / "compile_bench.py"
+    assert len(bench.read_text().splitlines()) <= 150
+    assert all(line <= FILE_SCREEN for _, line, _ in todos_and_their_functions(bench))
+
+
 def test_the_classifier_loop_is_short_and_each_todo_sits_in_its_phase():
     tree = ast.parse((REPO / "tp_scripts" / "solutions" / "train_classifier.py").read_text())
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}

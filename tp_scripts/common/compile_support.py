@@ -1,6 +1,7 @@
 """What torch.compile needs on this machine, checked before a job relies on it.
 
-A module shared by train_classifier.py (--compile) and compile_bench.py: it is not part of any TP.
+A module shared by train_classifier.py (--compile) and compile_bench.py: it is not part of any TP. It also keeps
+Inductor's kernel cache (where it is, a fresh one) and the compiler's one-off start-up, timed apart.
 
 Inductor, torch.compile's default back end, writes C++ kernels for the CPU and builds them with a C++
 compiler ($CXX, else g++); for the GPU it writes Triton kernels. Without one, the first compiled call
@@ -8,7 +9,11 @@ fails deep inside the compiler stack: these checks say it in one sentence instea
 """
 from __future__ import annotations
 
+import atexit
+import os
 import shutil
+import tempfile
+import time
 
 CUDA_GRAPH_MODES = ("reduce-overhead",)  # CUDA graphs replay whole GPU launches: nothing to replay on a CPU
 
@@ -39,3 +44,35 @@ def missing_compiler(device_type: str) -> str | None:
         return (f"torch.compile on the CPU needs a C++ compiler and '{name}' is not on PATH: install g++ "
                 "(scripts/setup.sh does it as root) or set CXX to one")
     return None
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor keeps compiled kernels (TORCHINDUCTOR_CACHE_DIR: the kit sets one per user)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def use_fresh_cache() -> None:
+    """An empty cache folder, removed at the end, and Inductor's in-memory caches emptied: every kernel is generated
+    and built again (called before each compiled variant, so that no variant reuses another's kernels)."""
+    from torch._inductor.utils import clear_inductor_caches
+
+    folder = tempfile.mkdtemp(prefix="dlokit-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    clear_inductor_caches()
+
+
+def compiler_startup(device) -> float:
+    """Compile and run a one-line function once, untimed by the variants: Dynamo's and Inductor's modules load,
+    the C++ (or Triton) toolchain starts, whatever the first compiled variant would otherwise pay alone.
+    Returns the seconds it took."""
+    started = time.perf_counter()
+    use_fresh_cache()
+    import torch
+
+    torch.compile(lambda x: torch.relu(x) + 1)(torch.ones(8, device=device))
+    torch._dynamo.reset()
+    return time.perf_counter() - started
