@@ -122,3 +122,21 @@ def test_the_scaling_table_fits_the_output_with_its_intervals_beside_their_value
     assert {"speedup [low–high]", "efficiency [low–high]"} <= set(headers) and "speedup_low" not in headers
     assert "the median of the settled steps of each world size's runs" in foot
     assert width_px(rendered(table).cells) < OUTPUT_PX
+
+
+def test_a_record_s_lines_read_without_its_bookkeeping_and_without_python_s_repr(tmp_path):
+    """TP4.4's check lines as the notebook shows them: no kind or time column, {'allreduce': 1} as 'allreduce 1'."""
+    from dlokit.in_job.runrecord import RunRecorder
+
+    with RunRecorder({"job": "check_tp"}, run_id="1128-100000-cafe", runs_dir=tmp_path) as recorder:
+        for version, diff in (("scratch", 1.79e-7), ("dtensor", 1.6e-7)):
+            recorder.log("tp_check", version=version, max_abs_diff_output=diff,
+                         forward_collectives={"allgather": 1, "reduce_scatter": 1}, ok=True)
+        recorder.finish()
+    lines = analysis.load_run("1128-100000-cafe", tmp_path).lines("tp_check")
+    assert {"kind", "time"} <= set(lines.columns)  # still there for the code that reads them
+    headers, rows, foot = read_back(html_of(lines.drop(columns=["rank"], errors="ignore")))
+    assert "kind" not in headers and "time" not in headers
+    assert cell(rows, headers, "forward_collectives") == ["allgather 1, reduce_scatter 1"] * 2
+    assert cell(rows, headers, "max_abs_diff_output") == ["1.79e-07", "1.60e-07"]
+    assert "the tp_check lines of run 1128-100000-cafe" in foot

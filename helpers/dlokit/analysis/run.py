@@ -121,7 +121,10 @@ class Run:
         """Metrics lines of one kind ('step', 'epoch', 'val', 'event') for one rank (default: lowest)."""
         rank = min(self.ranks) if rank is None and self.ranks else rank
         record = self.ranks.get(rank, self.rank0)
-        return pd.DataFrame([m for m in record["metrics"] if m.get("kind") == kind])
+        lines = pd.DataFrame([m for m in record["metrics"] if m.get("kind") == kind])
+        lines.attrs.update(hidden=["kind", "time"],  # the record's bookkeeping: a shown table leaves them out
+                           basis=f"the {kind} lines of run {self.run_id}, rank {rank}, as its script wrote them")
+        return lines
 
     @property
     def steps(self) -> pd.DataFrame:

@@ -251,7 +251,7 @@ def _cell(value, column: str, places: int | None, footnotes: list) -> str:
         return f"{float(value):.2e}"
     if places is not None:  # thousands apart by a narrow no-break space: 12 345 never breaks over two lines
         return f"{float(value):,.{places}f}".replace(",", "\u202f")
-    text = str(value)
+    text = _text(value)
     if column in FOOTNOTED and len(text) > LONG_TEXT:
         if text not in footnotes:
             footnotes.append(text)
@@ -263,9 +263,20 @@ def _cell(value, column: str, places: int | None, footnotes: list) -> str:
     return _unbroken_ids(text)
 
 
+def _text(value) -> str:
+    """A cell's text: a dict as 'allreduce 1, allgather 2', a list as 'a, b', not Python's repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_text(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_text(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _unbroken_ids(text: str) -> str:
     """The text, escaped, each id in it on one line (a browser breaks 1128-143005-d3b7 at its hyphens)."""
-    return " ".join(f'<span style="white-space:nowrap">{html.escape(word)}</span>' if ID.match(word.rstrip(",;:)"))
+    return " ".join(f'<span style="white-space:nowrap">{html.escape(word)}</span>' if "-" in word and ID.match(word.rstrip(",;:)"))
                     else html.escape(word) for word in text.split(" "))
 
 
@@ -278,10 +289,10 @@ def _min_chars(cell: str) -> float:
     longest word (what a browser's table layout shrinks a column to)."""
     if "min-width:14em" in cell:
         return 14 * 1.6  # an em is about 1.6 characters of the table's font
-    text = html.unescape(re.sub(r"<[^>]+>", "", cell.replace("<wbr>", " ")))
-    if "white-space:nowrap" in cell:
-        return len(text)
-    return max((len(word) for word in text.split()), default=0)
+    cell = re.sub(r'<span style="white-space:nowrap">(.*?)</span>', lambda m: m.group(1).replace(" ", "\u00a0"),
+                  cell.replace("<wbr>", " "))  # a nowrap span: one unbreakable unit
+    text = html.unescape(re.sub(r"<[^>]+>", "", cell))
+    return max((len(word) for word in text.split(" ")), default=0)
 
 
 def width_px(cells: pd.DataFrame) -> float:
@@ -308,7 +319,7 @@ class Rendered(NamedTuple):
 
 def rendered(frame: pd.DataFrame) -> Rendered:
     """The table's cells as html_of writes them, and what goes to its footnote."""
-    frame = named(frame)
+    frame = named(frame).drop(columns=frame.attrs.get("hidden", []), errors="ignore")
     empty = [c for c in frame.columns if _empty(frame[c])] if len(frame) else []
     frame = frame.drop(columns=empty)
     for column in frame.columns:  # numbers beside None (a GPU figure on a CPU run) read as numbers
