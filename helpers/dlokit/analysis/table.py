@@ -195,7 +195,8 @@ STEP_COLUMNS = ("throughput_train", "throughput_compute", *SPLITS)
 ID = re.compile(r"^[\w.@-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken over lines
 NO_WRAP = ("run_id", "job_id", "job", "runs", "run", "arm", "name", "state", "mode", "layout", "study")
 SCIENTIFIC = -1  # a column's count of decimals: scientific notation, three significant digits
-SAME_ROWS = 3  # a column with one value in this many rows or more is said once, in the footnote
+SAME_ROWS = 3  # a column with one value in this many rows or more is said once, in the footnote ...
+FOLDABLE = ("state", "script", "model", "amp", "source", "world_size", "schedule")  # ... a number's, or one of these
 LONG_TEXT = 40  # characters: a text cell longer than this is footnoted in FOOTNOTED columns, wraps elsewhere
 FOOTNOTED = ("basis", "why", "verdict")
 OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one character, a cell's padding
@@ -337,7 +338,8 @@ def rendered(frame: pd.DataFrame) -> Rendered:
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
                          index=frame.index)
     cells = _with_intervals(cells, _groups(frame.columns))
-    same = [c for c in cells.columns if len(cells) >= SAME_ROWS and cells[c].nunique() == 1]
+    foldable = [*places, *FOLDABLE]  # numbers and settings; never a verdict, a check's result or an outcome
+    same = [c for c in cells.columns if c in foldable and len(cells) >= SAME_ROWS and cells[c].nunique() == 1]
     said = [f"{c}: {html.unescape(re.sub(r'<[^>]+>', '', cells[c].iloc[0]))} in every row" for c in same]
     if empty:
         said.append(f"left out, nothing in them here: {', '.join(map(str, empty))}")
