@@ -277,8 +277,10 @@ def _text(value) -> str:
 
 def _unbroken_ids(text: str) -> str:
     """The text, escaped, each id in it on one line (a browser breaks 1128-143005-d3b7 at its hyphens)."""
-    return " ".join(f'<span style="white-space:nowrap">{html.escape(word)}</span>' if "-" in word and ID.match(word.rstrip(",;:)"))
-                    else html.escape(word) for word in text.split(" "))
+    def one(word: str) -> str:
+        unbroken = "-" in word and ID.match(word.rstrip(",;:)"))
+        return f'<span style="white-space:nowrap">{html.escape(word)}</span>' if unbroken else html.escape(word)
+    return " ".join(one(word) for word in text.split(" "))
 
 
 def _empty(series: pd.Series) -> bool:
@@ -403,4 +405,12 @@ def use_in_notebook() -> None:
         return
     shell = get_ipython()
     if shell is not None:
-        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_of)
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, _shown)
+
+
+def _shown(frame: pd.DataFrame) -> str:
+    """html_of, or pandas' own table should a frame defeat it: showing a table never fails a cell."""
+    try:
+        return html_of(frame)
+    except Exception as error:  # noqa: BLE001 (any frame a cell displays)
+        return frame._repr_html_() + f"<p><small>(shown as pandas does: {html.escape(repr(error))[:200]})</small></p>"
