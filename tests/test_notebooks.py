@@ -336,7 +336,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",
                "TP4.2 batch scan, DDP against FSDP2", "TP4.2 FSDP2 + compile",
                "TP4.3 pipeline bubble",
-               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match", "TP4.8 DeepSpeed ZeRO",
+               "TP4.4 tensor parallel", "TP4.5 context parallel", "TP4.6 loss match", "TP4.8 DeepSpeed ZeRO", "TP4.8 Accelerate's ZeRO",
                "TP4.9 bus bandwidth", "TP4.9 the planner's pick"}
 DAY4_PROBE = """
 import json
