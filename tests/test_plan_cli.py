@@ -76,3 +76,38 @@ def test_plan_refuses_bad_input_with_exit_code_2(capsys):
     assert cli.main(["plan", "--config", "1b", "--n-gpu", "8", "--profile", "jean-zay", "--preview", "99",
                      "--account", "abc@a100"]) == 2
     assert "--preview 99" in capsys.readouterr().err
+
+
+def _measured(runs, per_rank_flops: float, busbw: float, ranks: int = 8):
+    """A comm_bench.py --measure peak job and a comm_bench.py job (every collective at `busbw` bytes/s) of one node."""
+    from dlokit.analysis.bus_bandwidth import bus_factor
+    from dlokit.in_job.runrecord import RunRecorder
+
+    for rank in range(ranks):
+        with RunRecorder({"dtype": "bf16"}, rank=rank, world_size=ranks, run_id="peak", runs_dir=runs) as rec:
+            for i in range(5):
+                rec.log("matmul", n=8192, dtype="bf16", flops_per_s=per_rank_flops * (1 + 0.01 * (i - 2)))
+            rec.finish(peak_flops=per_rank_flops, peak_n=8192, device_type="cuda")
+        with RunRecorder({}, rank=rank, world_size=ranks, run_id="comm", runs_dir=runs) as rec:
+            for op in ("all_reduce", "all_gather", "reduce_scatter"):
+                for n in (2, 4, 8):
+                    for size in (2**20, 2**28):
+                        for repeat in range(3):
+                            rec.log("collective", op=op, ranks=n, bytes=size, repeat=repeat,
+                                    time_s=size * bus_factor(op, n) / busbw)
+            rec.finish(backend="nccl", device_type="cuda")
+
+
+def test_plan_on_the_clusters_own_measurements_says_so_and_follows_them(tmp_path, capsys):
+    _measured(tmp_path, per_rank_flops=300e12, busbw=2e9)  # a tenth of the datasheet's network, on every link
+    base = ["plan", "--config", "1b", "--n-gpu", "16", "--profile", "jean-zay", "--gpu", "H100"]
+    assert cli.main(base) == 0
+    paper = capsys.readouterr().out
+    assert cli.main([*base, "--peak-job", "peak", "--comm-job", "comm", "--runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "measured: jobs peak and comm; collectives timed on 8 ranks at most" in out and "nothing measured" not in out
+    assert "matmul peak measured" in out and "bus bandwidths of comm_bench.py run comm (nccl)" in out
+    base_of = {v.name: v for base in layout_planner.base_layouts(16) for v in layout_planner.with_levers(base)}
+    assert _ranked(out, base_of)[0][1] > _ranked(paper, base_of)[0][1]  # slower links, a slower best step
+    assert cli.main([*base, "--peak-job", "peak", "--runs", str(tmp_path)]) == 2
+    assert "go together" in capsys.readouterr().err

@@ -2,11 +2,13 @@
 
     dlokit plan --config 1b --n-gpu 64 --profile jean-zay                 # A100s (the profile's constraint), 80 GiB
     dlokit plan --config 3b --n-gpu 16 --gpu H100 --gpu-memory 80 --profile jean-zay --preview --account abc@h100
+    dlokit plan --config 1b --n-gpu 16 --profile jean-zay --peak-job 1234 --comm-job 1235   # measured there (TP4.9)
 
 Every layout the kit runs (layout_planner.plan) at one global batch: the layouts that fit ranked by predicted step
 time (each layout's fastest variant, memory levers included), then those that fit nowhere with what they need, then
-those whose script refuses these sizes with its reason. Nothing is measured here: the basis of every number (datasheet
-peak, links' line rates, the memory model) is printed first. `--preview [N]` prints the batch script of the N-th
+those whose script refuses these sizes with its reason. The basis of every number is printed first: the datasheet's
+peak and the links' line rates when nothing was measured, else the cluster's own comm_bench.py jobs (--peak-job, the
+matmul peak; --comm-job, the bus bandwidths), and the memory model. `--preview [N]` prints the batch script of the N-th
 layout (default the first) as `dlokit preview` would (nothing is submitted).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pandas as pd
 
 from . import layout_planner, memory_model
 from .analysis.llm_memory import model_config
+from .analysis.run import load_run
 from .submission import profiles
 
 DEFAULT_RANKS_PER_NODE = 8  # a profile whose gpus_per_node is "auto" (this machine): a DGX-like node
@@ -40,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--account", help="Slurm account, for --preview on profiles that need one")
     parser.add_argument("--time", default="00:30:00", help="--preview's time limit HH:MM:SS")
     parser.add_argument("--steps", type=int, default=100, help="--preview's training steps")
+    parser.add_argument("--peak-job", help="a comm_bench.py --measure peak job on the cluster: its matmul peak")
+    parser.add_argument("--comm-job", help="a comm_bench.py job on the cluster: its bus bandwidths")
+    parser.add_argument("--runs", help="where those jobs' records are (default: the profile's runs folder)")
 
 
 def _gpus() -> list[str]:
@@ -61,6 +67,25 @@ def ranks_per_node(profile: profiles.Profile) -> int:
     return per_node if isinstance(per_node, int) and per_node > 0 else DEFAULT_RANKS_PER_NODE
 
 
+def _hardware(args, profile, target: str, per_node: int):
+    """(the step model's hardware, what was measured in words or ''): the jobs' records, else the datasheet's."""
+    if not (args.peak_job or args.comm_job):
+        return layout_planner.paper_hardware(target, args.dtype, per_node), ""
+    if not (args.peak_job and args.comm_job):
+        raise ValueError("--peak-job and --comm-job go together: the peak and the bus bandwidths of one cluster")
+    runs = args.runs or profile.runs
+    peak, comm = load_run(args.peak_job, runs), load_run(args.comm_job, runs)
+    for run in (peak, comm):
+        if run.state != "completed":
+            raise ValueError(f"job {run.run_id} in {runs}: {run.describe_state()}")
+    hardware = layout_planner.measured_hardware(peak, comm, per_node)
+    words = f"jobs {peak.run_id} and {comm.run_id}"
+    if args.n_gpu > comm.world_size:
+        words += (f"; collectives timed on {comm.world_size} ranks at most: larger groups, and groups across nodes, are "
+                  "taken at the bus bandwidth of the largest group measured")
+    return hardware, words
+
+
 def make_plan(args) -> tuple[pd.DataFrame, list, str]:
     """(the planner's table, the layouts refused with why, the basis of its numbers in words)."""
     if args.n_gpu < 2:
@@ -69,7 +94,7 @@ def make_plan(args) -> tuple[pd.DataFrame, list, str]:
     target = target_of(args.gpu, profile)
     config = model_config(layout_planner.LLM, args.config)
     per_node = ranks_per_node(profile)
-    hardware = layout_planner.paper_hardware(target, args.dtype, per_node)
+    hardware, measured = _hardware(args, profile, target, per_node)
     card = args.gpu_memory or layout_planner.PAPER[target]["memory_gib"]
     usable = layout_planner.usable_gib(card, args.n_gpu)
     table = layout_planner.plan(config, world=args.n_gpu, memory_gib=usable, hardware=hardware,
@@ -83,7 +108,7 @@ def make_plan(args) -> tuple[pd.DataFrame, list, str]:
         f"dlokit plan: {args.config} ({weights / 1e9:.2f} B weights) on {args.n_gpu} x {target.split('-')[0]} of "
         f"profile {profile.name} ({per_node} a node: {nodes} node(s)), global batch {args.batch_size} x "
         f"{args.seq_len} tokens, {args.dtype}",
-        "basis of every number (nothing measured here):",
+        f"basis of every number ({'measured: ' + measured if measured else 'nothing measured'}):",
         f"  step time: {hardware.basis}",
         "    = compute (FLOPs / peak) + exposed communication (bytes / bus bandwidth) + pipeline bubble (+ offload);",
         "    not counted: kernel launches, matmuls below the peak, the optimizer step, the data (a lower bound)",
@@ -91,8 +116,8 @@ def make_plan(args) -> tuple[pd.DataFrame, list, str]:
         f"{card:g} GiB a GPU ({'given' if args.gpu_memory else 'datasheet'}), {usable:.1f} usable after the CUDA "
         f"context {margin['cuda_context_gib']:g} GiB, NCCL {margin['nccl_gib']:g} GiB and the allocator's "
         f"{margin['allocator_share']:.0%}",
-        "  measure before trusting a close call: comm_bench.py on the cluster (TP4.9), then "
-        "layout_planner.measured_hardware"])
+        *([] if measured else ["  measure before trusting a close call: comm_bench.py on the cluster (TP4.9), then "
+                               "--peak-job and --comm-job"])])
     return table, refused, basis
 
 
