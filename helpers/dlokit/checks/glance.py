@@ -11,15 +11,14 @@ def day_jobs(job_ids, expected: dict | None = None):
     """Every job COMPLETED, or ended the way its TP meant it to (`expected`: {job id: state, or a tuple of the states
     it may end in}, e.g. the DDP job of TP4.2 that must run out of memory, a trial the HPO pruner cancelled, a run of
     TP4.2's batch scan that fits or runs out of memory; else what its job card expects: submit(..., expected=))."""
-    from dlokit.submission.jobs import card_outcome, find_card
+    from dlokit.submission.jobs import job_outcome
 
     wanted = ids(job_ids)
     expected = {str(k): (v,) if isinstance(v, str) else tuple(v) for k, v in (expected or {}).items()}
     if not wanted:
         return failed("no job id given: pass day.submitted")
-    cards = [find_card(job) for job in wanted]
-    expected = {**{c.job_id: tuple(c.expected) for c in cards if c.expected}, **expected}
-    outcomes = [card_outcome(card) for card in cards]
+    outcomes = [job_outcome(job) for job in wanted]
+    expected = {**{job: meant for job in wanted if (meant := _card_expects(job))}, **expected}
     wrong = [o for o in outcomes if o.state not in expected.get(o.job_id, ("COMPLETED",))]
     details = [f"job {o.job_id}: {o.state}" + (" (as TP meant)" if o.job_id in expected else "")
                for o in outcomes if o.state != "COMPLETED"]
@@ -31,3 +30,13 @@ def day_jobs(job_ids, expected: dict | None = None):
     meant = sum(1 for o in outcomes if o.job_id in expected and o.state != "COMPLETED")  # the lines below
     return passed(f"all {len(outcomes)} jobs ended as they should"
                   + (f" ({meant} failed by design: see below)" if meant else ""), details)
+
+
+def _card_expects(job_id: str) -> tuple:
+    """The states a job's card says it is meant to end in (submit's `expected=`); () when none or no card."""
+    from dlokit.submission.jobs import find_card
+
+    try:
+        return tuple(find_card(job_id).expected)
+    except LookupError:
+        return ()
