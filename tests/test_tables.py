@@ -140,3 +140,15 @@ def test_a_record_s_lines_read_without_its_bookkeeping_and_without_python_s_repr
     assert cell(rows, headers, "forward_collectives") == ["allgather 1, reduce_scatter 1"] * 2
     assert cell(rows, headers, "max_abs_diff_output") == ["1.79e-07", "1.60e-07"]
     assert "the tp_check lines of run 1128-100000-cafe" in foot
+
+
+def test_sizes_read_whole_and_a_tiny_value_and_its_interval_alike():
+    """TP4.9's bandwidth table: bytes from 4 KiB to 4 MiB as whole numbers, times of 0.2 ms and their intervals all
+    in one notation (it read '2.00e-04 [2.00e-04–0.0003]')."""
+    import pandas as pd
+
+    table = pd.DataFrame({"op": ["all_reduce"] * 2, "bytes": [4096, 4194304], "time_s": [2.0e-4, 9.1e-3],
+                          "time_low": [1.9e-4, 8.8e-3], "time_high": [2.6e-4, 9.9e-3]})
+    headers, rows, _ = read_back(html_of(table))
+    assert cell(rows, headers, "bytes") == ["4\u202f096", "4\u202f194\u202f304"]
+    assert cell(rows, headers, "time_s [low–high]") == ["2.00e-04 [1.90e-04–2.60e-04]", "9.10e-03 [8.80e-03–9.90e-03]"]

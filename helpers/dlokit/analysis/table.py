@@ -204,13 +204,14 @@ OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one
 
 def decimals(values) -> int | None:
     """One count of decimals for a whole column: three significant digits of its typical (median) value, never
-    more than the values carry (a column rounded to 2 keeps 2) nor more than 4. None: a column spanning orders of
-    magnitude, or of tiny values (learning rates, loss differences), which reads in scientific notation."""
+    more than the values carry (a column rounded to 2 keeps 2) nor more than 4; whole numbers none. None: a column
+    spanning orders of magnitude, or holding a tiny value (learning rates, loss differences, times of 0.2 ms), which
+    reads in scientific notation."""
     numbers = np.abs(np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float))
-    if not len(numbers):
+    if not len(numbers) or (numbers == np.round(numbers)).all():  # counts, bytes, batch sizes: whole numbers
         return 0
     nonzero = numbers[numbers > 0]
-    if len(nonzero) and (nonzero.max() / nonzero.min() > 1e3 or np.median(nonzero) < 1e-3):
+    if len(nonzero) and (nonzero.max() / nonzero.min() > 1e3 or nonzero.min() < 1e-3):
         return None
     typical = float(np.median(numbers[numbers > 0])) if (numbers > 0).any() else 1.0
     wanted = min(4, max(0, 2 - math.floor(math.log10(typical))))
@@ -332,9 +333,10 @@ def rendered(frame: pd.DataFrame) -> Rendered:
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
     wanted = frame.attrs.get("decimals", {})
     group = _groups(frame.columns)
-    places = {c: decimals(pd.to_numeric(frame[c], errors="coerce")) for c in frame.columns if _is_number_column(frame[c])}
-    for column in places:  # a group with one column in scientific notation reads all of it so
-        shared = [p for c, p in places.items() if group[c] == group[column]]
+    own = {c: decimals(pd.to_numeric(frame[c], errors="coerce")) for c in frame.columns if _is_number_column(frame[c])}
+    places = {}
+    for column in own:  # a group with one column in scientific notation reads all of it so
+        shared = [p for c, p in own.items() if group[c] == group[column]]
         places[column] = wanted.get(column, SCIENTIFIC if None in shared else max(shared))
     footnotes: list[str] = []
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
