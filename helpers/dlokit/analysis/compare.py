@@ -134,8 +134,8 @@ def compare_runs(runs, metric: str = "throughput_train", baseline=None, runs_dir
     out.attrs["ratios"], out.attrs["same"] = estimates, {arm: why for arm, why in same.items() if why}
     out.attrs["basis"] = (f"{metric}: " + ("the median of each arm's settled steps" if metric in STEP_METRICS else
                                            "the median over each arm's runs") +
-                          "; low–high: its 95 % interval; ratio: the arm's value over the baseline's, with its 95 % "
-                          "interval (ratio_low–ratio_high) on the basis said")
+                          " [its 95 % interval]; ratio: the arm's value over the baseline's [its 95 % interval], on the "
+                          "basis said")
     return Comparison(out, _bars(out, metric, base, table, estimates, out.attrs["same"]))
 
 
