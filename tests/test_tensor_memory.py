@@ -69,3 +69,23 @@ def test_the_peak_is_what_was_alive_at_once_and_the_hooks_go_away():
     model(x).sum().backward()  # outside a step: nothing counted
     assert meter.result["saved"] == before
     assert tensor_memory.TensorMemory(model).mib()["held_mib"] is None  # no step yet
+
+
+def test_autocasts_weight_copies_are_told_from_the_activations():
+    """Under bf16 autocast a step also saves 16-bit copies of the weights (a constant): told apart, the activations
+    are about half of fp32's and still double with the batch."""
+    model = small_net()
+
+    def step(batch, bf16=True):
+        meter = tensor_memory.TensorMemory(model)
+        with meter.step(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            nn.functional.cross_entropy(model(torch.randn(batch, 3, 16, 16)), torch.randint(0, 10, (batch,))).backward()
+        return meter.mib()
+
+    fp32, small, large = step(16, bf16=False), step(8), step(16)
+    cast = [m.weight for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]  # what autocast runs in bf16
+    assert small["weight_copies_mib"] * 2**20 == sum(w.numel() * 2 for w in cast) == large["weight_copies_mib"] * 2**20
+    assert small["activations_mib"] == pytest.approx(small["saved_mib"] - small["weight_copies_mib"])
+    assert large["activations_mib"] / small["activations_mib"] == pytest.approx(2.0, rel=0.05)
+    assert 0.4 < large["activations_mib"] / fp32["activations_mib"] < 0.75
+    assert fp32["weight_copies_mib"] == 0 and fp32["activations_mib"] == fp32["saved_mib"]

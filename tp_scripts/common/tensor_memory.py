@@ -7,12 +7,15 @@
     meter.after_backward()     # the gradients, before the next zero_grad
     optimizer.step()
     meter.stop()               # the weights and the optimizer's states; the hooks are removed
-    meter.mib()                # {"saved_mib", "params_mib", "grads_mib", "optimizer_mib", "held_mib", "device_peak_mib"}
+    meter.mib()                # {"saved_mib", "activations_mib", "weight_copies_mib", "params_mib", "grads_mib",
+                               #  "optimizer_mib", "held_mib", "device_peak_mib"}
 
 or `with meter.step(): ...` around the whole step (then the gradients are read at its end).
 
 - saved_mib: the peak of what autograd keeps for backward (torch.autograd.graph.saved_tensors_hooks), each
-  storage once, weights and buffers left out: the activations. It grows with the batch, image by image.
+  storage once, weights and buffers left out. It grows with the batch, image by image. Under autocast it also
+  holds the weights' 16-bit copies, which do not grow with the batch: weight_copies_mib (saved tensors cast from a
+  parameter), and activations_mib = saved_mib - weight_copies_mib, at the peak.
 - params_mib, grads_mib, optimizer_mib: the model's weights, their gradients, the optimizer's states (momentum,
   Adam's m and v); each storage once. They do not depend on the batch.
 - held_mib: their sum, what the step holds in tensors.
@@ -62,6 +65,7 @@ class SavedTensors:
         self.skip = skip  # the storages of the weights and buffers: saved by reference, they cost nothing more
         self.refs: dict[int, int] = {}
         self.live = self.peak = 0
+        self.live_copies = self.copies_at_peak = 0  # of which autocast's copies of the weights
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -72,33 +76,44 @@ class SavedTensors:
         key, size = _storage(tensor)
         if not key or key in self.skip:
             return tensor
-        return _Held(tensor, self, key, size)
+        return _Held(tensor, self, key, size, copy=_weight_copy(tensor))
 
-    def hold(self, key: int, size: int) -> None:
+    def hold(self, key: int, size: int, copy: bool = False) -> None:
         count = self.refs.get(key, 0)
         self.refs[key] = count + 1
         if count == 0:
             self.live += size
-            self.peak = max(self.peak, self.live)
+            self.live_copies += size if copy else 0
+            if self.live > self.peak:
+                self.peak, self.copies_at_peak = self.live, self.live_copies
 
-    def release(self, key: int, size: int) -> None:
+    def release(self, key: int, size: int, copy: bool = False) -> None:
         self.refs[key] -= 1
         if self.refs[key] == 0:
             del self.refs[key]
             self.live -= size
+            self.live_copies -= size if copy else 0
+
+
+def _weight_copy(tensor: torch.Tensor) -> bool:
+    """A tensor cast from a parameter (autocast's 16-bit copy of a weight, or a view of it such as a linear layer's
+    transposed weight): its gradient goes straight to the leaf."""
+    fn = (tensor._base if tensor._base is not None else tensor).grad_fn
+    return fn is not None and fn.name() == "ToCopyBackward0" and any(
+        type(next_fn).__name__ == "AccumulateGrad" for next_fn, _ in fn.next_functions if next_fn is not None)
 
 
 class _Held:
     """A saved tensor, counted until autograd lets it go (after its backward, or with the graph)."""
 
-    __slots__ = ("tensor", "counter", "key", "size")
+    __slots__ = ("tensor", "counter", "key", "size", "copy")
 
-    def __init__(self, tensor, counter, key, size):
-        self.tensor, self.counter, self.key, self.size = tensor, counter, key, size
-        counter.hold(key, size)
+    def __init__(self, tensor, counter, key, size, copy=False):
+        self.tensor, self.counter, self.key, self.size, self.copy = tensor, counter, key, size, copy
+        counter.hold(key, size, copy)
 
     def __del__(self):
-        self.counter.release(self.key, self.size)
+        self.counter.release(self.key, self.size, self.copy)
 
 
 def _unpack(packed):
@@ -130,7 +145,8 @@ class TensorMemory:
         device = next(self.model.parameters()).device
         self.result.setdefault("grads", bytes_once(p.grad for p in self.model.parameters()))
         self.result.update(
-            saved=self._counter.peak, params=bytes_once(self.model.parameters()),
+            saved=self._counter.peak, weight_copies=self._counter.copies_at_peak,
+            params=bytes_once(self.model.parameters()),
             optimizer=bytes_once(optimizer_states(self.optimizer)) if self.optimizer is not None else 0,
             device_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
 
@@ -150,10 +166,12 @@ class TensorMemory:
     def mib(self) -> dict:
         """The last step's counts in MiB (None before a step has stopped)."""
         if "saved" not in self.result:
-            return dict.fromkeys(("saved_mib", "params_mib", "grads_mib", "optimizer_mib", "held_mib",
-                                  "device_peak_mib"))
+            return dict.fromkeys(("saved_mib", "activations_mib", "weight_copies_mib", "params_mib", "grads_mib",
+                                  "optimizer_mib", "held_mib", "device_peak_mib"))
         r = self.result
         held = r["saved"] + r["params"] + r["grads"] + r["optimizer"]
-        return {"saved_mib": r["saved"] / MIB, "params_mib": r["params"] / MIB, "grads_mib": r["grads"] / MIB,
+        return {"saved_mib": r["saved"] / MIB, "activations_mib": (r["saved"] - r["weight_copies"]) / MIB,
+                "weight_copies_mib": r["weight_copies"] / MIB,
+                "params_mib": r["params"] / MIB, "grads_mib": r["grads"] / MIB,
                 "optimizer_mib": r["optimizer"] / MIB, "held_mib": held / MIB,
                 "device_peak_mib": r["device_peak"] / MIB if r["device_peak"] is not None else None}

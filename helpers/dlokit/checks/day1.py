@@ -122,9 +122,12 @@ def amp(baseline_ids, amp_ids):
 
 def memory_text(run, base) -> str:
     """The activations autograd saved for backward, counted from the tensors (the same every run: 16-bit ones take
-    half the bytes), when both records have them; else the process's peak memory."""
-    if all(as_number(r.summary.get("tensor_saved_mib")) is not None for r in (run, base)):
-        return compare_text("activations saved for backward (tensors)", run, base, "tensor_saved_mib", "MiB")
+    about half the bytes; autocast's 16-bit copies of the weights, which do not grow with the batch, apart), when
+    both records have them; else the process's peak memory."""
+    if all(as_number(r.summary.get("tensor_activations_mib")) is not None for r in (run, base)):
+        copies = as_number(run.summary.get("tensor_weight_copies_mib")) or 0.0
+        return (compare_text("activations saved for backward (tensors)", run, base, "tensor_activations_mib", "MiB")
+                + (f", besides {copies:.3g} MiB of autocast's 16-bit weight copies" if copies else ""))
     return compare_text(memory_key(run), run, base, memory_key(run), "MiB")
 
 
