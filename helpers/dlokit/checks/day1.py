@@ -158,7 +158,7 @@ def tf32(baseline_ids, tf32_ids):
                               "in fp32 whatever the flag says", details)
     problems = [f"run {r.run_id} was not started with --tf32" if not r.config.get("tf32") else
                 f"run {r.run_id} asked for --tf32 but fp32 matmuls and convolutions were not allowed TF32 (see "
-                "set_tf32 in the script)" for r in gpu_runs if not observed(r).get("tf32")]
+                "set_tf32 in tp_scripts/common/device_setup.py)" for r in gpu_runs if not observed(r).get("tf32")]
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "TF32 was allowed for fp32 matmuls and convolutions")
     effect = effect_part("speed", "tf32", bases, {"tf32": gpu_runs}, on_gpu_run=True, what="TF32 against strict fp32")
