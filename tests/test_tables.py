@@ -90,8 +90,8 @@ def test_a_comparison_reads_with_its_basis_and_the_long_basis_footnoted(runs):
     assert_one_count_of_decimals_per_column(html)
     headers, rows, foot = read_back(html)
     ratio = cell(rows, headers, "ratio [low–high]")
-    assert numbers_of(ratio[0])[0] == numbers_of(ratio[1])[0]  # the baseline's 1 to the ratios' decimals
-    assert ratio[0].startswith("1.") and " [1." in ratio[0]
+    assert numbers_of(ratio[0]) == numbers_of(ratio[1])[:1]  # the baseline's 1, alone, to the ratios' decimals
+    assert float(ratio[0]) == 1 and "[" in ratio[1]
     assert all(re.fullmatch(rf"{NUMBER} \[{NUMBER}–{NUMBER}\]", v) for v in cell(rows, headers, "throughput_compute [low–high]"))
     assert "the median of each arm's settled steps" in foot and "95 % interval" in foot
     basis = rows[1][headers.index("basis")]
@@ -152,3 +152,12 @@ def test_sizes_read_whole_and_a_tiny_value_and_its_interval_alike():
     headers, rows, _ = read_back(html_of(table))
     assert cell(rows, headers, "bytes") == ["4\u202f096", "4\u202f194\u202f304"]
     assert cell(rows, headers, "time_s [low–high]") == ["2.00e-04 [1.90e-04–2.60e-04]", "9.10e-03 [8.80e-03–9.90e-03]"]
+
+
+def test_an_arm_without_a_ratio_reads_a_dash_and_the_baseline_its_one_alone():
+    import pandas as pd
+
+    shown = pd.DataFrame({"arm": ["fp32", "bf16", "fp16"], "ratio": ["1.00", "", "1.31"],
+                          "ratio_low": ["1.00", "", "1.12"], "ratio_high": ["1.00", "", "1.52"]})
+    headers, rows, _ = read_back(html_of(shown))  # as Comparison.shown gives them: text, "" where no ratio
+    assert cell(rows, headers, "ratio [low–high]") == ["1.00", "–", "1.31 [1.12–1.52]"]

@@ -192,7 +192,7 @@ COLUMN_BASIS = {  # what a runs_table column's number is, wherever a table shows
 }
 SETTLED = "median of the run's settled steps (the warm-up left out)"
 STEP_COLUMNS = ("throughput_train", "throughput_compute", *SPLITS)
-ID = re.compile(r"^[\w.@-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken over lines
+ID = re.compile(r"^(?=.*[-_…])[\w.@…-]*\d[\w.@…-]*$")  # 1128-143005-d3b7, 12_1, 1128-…-d3b7: never broken
 NO_WRAP = ("run_id", "job_id", "job", "runs", "run", "arm", "name", "state", "mode", "layout", "study")
 SCIENTIFIC = -1  # a column's count of decimals: scientific notation, three significant digits
 SAME_ROWS = 3  # a column with one value in this many rows or more is said once, in the footnote ...
@@ -362,14 +362,22 @@ def _with_intervals(cells: pd.DataFrame, group: dict) -> pd.DataFrame:
         pair = columns[k + 1:k + 3]
         if (len(pair) == 2 and all(group[c] == column and c != column for c in pair)
                 and "low" in pair[0] and "high" in pair[1]):
-            out[f"{column} [low–high]"] = [
-                v if low == high == "–" else f'<span style="white-space:nowrap">{v} [{low}–{high}]</span>'
-                for v, low, high in zip(cells[column], cells[pair[0]], cells[pair[1]])]
+            out[f"{column} [low–high]"] = [_with_interval(v, low, high)
+                                           for v, low, high in zip(cells[column], cells[pair[0]], cells[pair[1]])]
             k += 3
         else:
             out[column] = list(cells[column])
             k += 1
     return pd.DataFrame(out, index=cells.index)
+
+
+def _with_interval(value: str, low: str, high: str) -> str:
+    """'1.52 [1.34–1.71]'; the value alone where there is no interval, or one of no width (a baseline's 1)."""
+    if value in ("", "–"):
+        return "–"
+    if low in ("", "–") or high in ("", "–") or low == high == value:
+        return value
+    return f'<span style="white-space:nowrap">{value} [{low}–{high}]</span>'
 
 
 def basis_lines(frame: pd.DataFrame) -> list[str]:
