@@ -1,7 +1,12 @@
-"""Day 4 at the sizes its notebook suggests for a GPU node, checked on a CPU: every job valid, and planned to fit.
+"""Every day at the sizes its notebook suggests for a GPU node, checked on a CPU: every job valid, and planned to fit.
 
     rows = plan(ranks=4, card_gib=80)    # one row per job of day4_large_models.ipynb at GPU_SIZES
+    plan(4, 80, day="day1")              # ... of Days 1-3 and the race (dlokit.classifier_plan), the same way
+    week(4, 80)                          # every day's rows, each with its "day"
     findings(rows)                       # the rows whose job would fail: refused options, or out of memory
+    print(sizes_table())                 # the sizes per day and GPU memory, as docs/instructors.md shows them
+
+Day 4 (below):
 
 Each job's command line is written the way the notebook writes it (`LlmDay.command`, the cells' own options),
 parsed by its script's own parser and checked against its layout's rules (train_llm.py's `plan_degrees`:
@@ -24,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from dlokit import layout_planner, memory_model
+from dlokit import classifier_plan, layout_planner, memory_model
 from dlokit.layout_planner import MARGIN, usable_gib  # noqa: F401 (gpu_plan.usable_gib, as before)
 from dlokit.analysis import layout_scan, llm_memory
 from dlokit.script_modules import common_module, load_script
@@ -199,7 +204,7 @@ def check(job: Job, card_gib: float, cpu_job: Job | None = None) -> dict:
     ("finding": None when it will run as its cell expects). cpu_job: the same job at the notebook's CPU sizes."""
     usable = usable_gib(card_gib, job.ranks)
     row = {"tp": job.tp, "job": _short(job.command), "ranks": job.ranks, "need_gib": None, "limit_gib": None,
-           "usable_gib": round(usable, 1), "finding": None}
+           "usable_gib": round(usable, 1), "expect": job.expect, "finding": None}
     try:
         script, args = parse(job)
         if script.name in CPU_ONLY:
@@ -229,9 +234,13 @@ def _short(command: str) -> str:
     return " ".join([Path(argv[0]).name, *(" ".join([o, *v]) for o, v in groups)])
 
 
-def plan(ranks: int = 4, card_gib: float = 80, sizes: dict | None = None, dtype: str = DTYPE) -> list[dict]:
+def plan(ranks: int = 4, card_gib: float = 80, sizes: dict | None = None, dtype: str = DTYPE,
+         day: str = "day4") -> list[dict]:
     """Every Day-4 job at the notebook's parameters updated with `sizes` (default GPU_SIZES), on a node of `ranks`
-    cards of `card_gib` GB each, computing in `dtype`: a row per job (check)."""
+    cards of `card_gib` GB each, computing in `dtype`: a row per job (check). `day` "day1", "day2", "day3" or "race":
+    that notebook's jobs instead (classifier_plan.plan, after Day 1 kept the precision `dtype`)."""
+    if day != "day4":
+        return classifier_plan.plan(day, ranks, card_gib, sizes, precision=dtype)
     cpu = notebook_parameters()
     gpu = {**cpu, **(GPU_SIZES if sizes is None else sizes), "RANKS": ranks}
     cpu_jobs = day4_jobs(cpu, ranks=cpu["RANKS"], dtype="fp32")
@@ -250,11 +259,67 @@ def findings(rows: list[dict]) -> list[dict]:
     return [row for row in rows if row["finding"]]
 
 
+DAYS = (*classifier_plan.DAYS, "day4")
+
+
+def day_sizes(day: str, card_gib: float) -> dict:
+    """The sizes to set for `day` on cards of `card_gib` (Day 4's smaller cards get SMALLER_CARDS)."""
+    if day == "day4":
+        return {**GPU_SIZES, **SMALLER_CARDS.get(card_gib, {})}
+    return classifier_plan.GPU_SIZES[day]
+
+
+def week(ranks: int = 4, card_gib: float = 80, dtype: str = DTYPE) -> list[dict]:
+    """Every day's jobs at its sizes for this card (day_sizes), each row with its "day"."""
+    rows = []
+    for day in DAYS:
+        sizes = day_sizes(day, card_gib)
+        rows += [{"day": day, **row} for row in plan(sizes.get("RANKS", ranks), card_gib, sizes, dtype, day=day)]
+    return rows
+
+
+def sizes_table(ranks=(4, 8), cards=CARDS_GIB) -> str:
+    """docs/instructors.md's table: per notebook and card, the sizes to set, the jobs, the findings (every precision,
+    every node size: 0 when the day runs), the most a rank needs (fp32, the larger) and the jobs whose cell expects
+    them out of memory (the batch scans' walls, TP4.2's DDP)."""
+    lines = [f"| notebook | card | set these sizes | jobs ({' / '.join(map(str, ranks))} GPUs) | findings | most per rank "
+             "(fp32) | out of memory by design (batch) |",
+             "|---|---|---|---|---|---|---|"]
+    for card in cards:
+        runs = {(n, dtype): week(n, card, dtype) for n in ranks for dtype in DTYPES}
+        for day in DAYS:
+            rows = {key: [row for row in found if row["day"] == day] for key, found in runs.items()}
+            worst = rows[(ranks[0], "fp32")]
+            need = max((row for row in worst if row["need_gib"] is not None and row["expect"] == "fits"),
+                       key=lambda row: row["need_gib"])
+            walls = {}
+            for row in worst:  # what a job may hold: the card's usable memory, or its --memory-limit (Day 4)
+                room = min(row["usable_gib"], row.get("limit_gib") or row["usable_gib"])
+                if row["expect"] != "fits" and row["need_gib"] and row["need_gib"] > room:
+                    walls.setdefault(row["tp"], []).append(_option(row["job"], "--batch-size"))
+            sizes = ", ".join(f"`{name} = {json.dumps(value)}`" for name, value in day_sizes(day, card).items())
+            jobs = " / ".join(str(len(rows[(n, "fp32")])) for n in ranks)
+            lines.append(f"| {day} | {card:g} GB | {sizes} | {jobs} | "
+                         f"{sum(len(findings(r)) for r in rows.values())} | {need['need_gib']:.1f} GiB ({need['tp']}) | "
+                         + ("; ".join(f"{tp}: {', '.join(sorted(set(b), key=int))}" for tp, b in walls.items()) or "none")
+                         + " |")
+    return "\n".join(lines)
+
+
+def _option(short: str, option: str) -> str:
+    words = short.split()
+    return words[len(words) - 1 - words[::-1].index(option) + 1] if option in words else "?"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Day 4's jobs at the GPU sizes: valid, and planned to fit")
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--card-gib", type=float, nargs="+", default=list(CARDS_GIB))
+    parser.add_argument("--table", action="store_true", help="print docs/instructors.md's table of every day")
     args = parser.parse_args(argv)
+    if args.table:
+        print(sizes_table(tuple(args.ranks), tuple(args.card_gib)))
+        return 0
     for ranks, card, dtype in [(r, c, d) for r in args.ranks for c in args.card_gib for d in DTYPES]:
         for label, sizes in [("GPU_SIZES", GPU_SIZES)] + ([(f"SMALLER_CARDS[{card:g}]", {**GPU_SIZES, **SMALLER_CARDS[card]})]
                                                           if card in SMALLER_CARDS else []):
