@@ -312,19 +312,23 @@ def _option(short: str, option: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Day 4's jobs at the GPU sizes: valid, and planned to fit")
+    parser = argparse.ArgumentParser(description="Every day's jobs at the GPU sizes: valid, and planned to fit")
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--card-gib", type=float, nargs="+", default=list(CARDS_GIB))
+    parser.add_argument("--day", nargs="+", choices=DAYS, default=list(DAYS))
     parser.add_argument("--table", action="store_true", help="print docs/instructors.md's table of every day")
     args = parser.parse_args(argv)
     if args.table:
         print(sizes_table(tuple(args.ranks), tuple(args.card_gib)))
         return 0
-    for ranks, card, dtype in [(r, c, d) for r in args.ranks for c in args.card_gib for d in DTYPES]:
-        for label, sizes in [("GPU_SIZES", GPU_SIZES)] + ([(f"SMALLER_CARDS[{card:g}]", {**GPU_SIZES, **SMALLER_CARDS[card]})]
-                                                          if card in SMALLER_CARDS else []):
-            rows = plan(sizes.get("RANKS", ranks), card, sizes, dtype)
-            print(f"\n{sizes.get('RANKS', ranks)} x {card:g} GB, {dtype}, {label}: {len(findings(rows))} finding(s) in {len(rows)} jobs")
+    for ranks, card, dtype, day in [(r, c, d, n) for r in args.ranks for c in args.card_gib for d in DTYPES
+                                    for n in args.day]:
+        suggested = GPU_SIZES if day == "day4" else classifier_plan.GPU_SIZES[day]
+        for label, sizes in [("GPU_SIZES", suggested)] + ([(f"SMALLER_CARDS[{card:g}]", day_sizes(day, card))]
+                                                          if day == "day4" and card in SMALLER_CARDS else []):
+            rows = plan(sizes.get("RANKS", ranks), card, sizes, dtype, day=day)
+            print(f"\n{day}, {sizes.get('RANKS', ranks)} x {card:g} GB, {dtype}, {label}: {len(findings(rows))} "
+                  f"finding(s) in {len(rows)} jobs")
             for row in rows:
                 need = f"{row['need_gib']:6.1f}" if row["need_gib"] is not None else "     -"
                 print(f"  {row['tp']}  {need} GiB  {row['finding'] or 'ok'}  <- {row['job']}")
