@@ -13,7 +13,8 @@ day2.py (the checks of each day). Trace files are read by dlokit.analysis.profil
 """
 from dlokit.analysis.profiler import TYPE_BYTES, collectives_in_trace
 
-from .day1 import AMP_DTYPES, PHASE_LABELS, amp, channels_last, completed, on_device, profiler, run_traces, tf32
+from .day1 import (AMP_DTYPES, PHASE_LABELS, amp, channels_last, completed, fit_levers, on_device, profiler, run_traces,
+                   tf32)
 from .day2 import augmentation, bn_statistics, dataloader, ddp, sync_bn, sync_bn_or_why, unused_parameters
 from .day3 import compilation, hpo, lr_finder, optimizers, pruners, samplers, storage
 from .glance import day_jobs

@@ -238,3 +238,106 @@ def profiler(job_ids):
     if problems:
         return failed(problems[0], problems[1:] + details)
     return passed("trace files written, with data/forward/backward/optimizer spans", details)
+
+
+from .framework import INFO, NOT_APPLICABLE  # noqa: E402  (TP1.5's parts: measured, or nothing to judge)
+
+
+@check("TP1.5 when the batch does not fit")
+def fit_levers(measure_ids, scan_ids=()):
+    """fit_levers.py's records: the accumulated step ran k micro-batches and is the large batch's maths where nothing
+    depends on the batch (GroupNorm), not with BatchNorm; each checkpointed block ran twice; both levers hold less
+    memory than the plain step (the interval says so); the scan under one limit (plain out of memory, the levers
+    fit) and the step times are shown, not judged (the first is this machine's allocator, the second its noise)."""
+    from dlokit.analysis import fit_levers as view
+
+    from .records import load_last
+
+    run, problem = load_last(measure_ids)
+    if problem:
+        return problem
+    steps, k = view.lever_steps(run), int(run.config.get("micro_batches") or 1)
+    batch = int(run.config.get("batch_size") or 0)
+    parts = [_accumulated(steps, k, batch), _checkpointed(steps)]
+    moved = view.ratios(run)
+    for lever, ratio in moved.items():
+        same = view.untreated(steps, lever)
+        if same:
+            parts.append(part(f"memory and time, {lever}", INFO, f"same computation as the plain step, no effect to "
+                                                                 f"judge: {same}"))
+            continue
+        memory = ratio["memory"]
+        said = f"{view.NAMES[lever]} holds {memory.text()} the plain step's tensors"
+        parts.append(part(f"memory, {lever}", PASSED if view.verdict(memory, "falls") == "agrees" else FAILED,
+                          said + ("" if view.verdict(memory, "falls") == "agrees" else
+                                  f": not less ({view.verdict(memory, 'falls')}; TODO TP1.5)")))
+        time = ratio["time"]
+        parts.append(part(f"time, {lever}", INFO, f"{view.NAMES[lever]} steps take {time.text()} the plain step's: "
+                                                 f"'time rises' {view.verdict(time, 'rises')}"))
+    parts.append(_norm_lesson(view.norm_summary(view.norm_table(run))))
+    if scan_ids:
+        parts.append(_scan(view.scan_table(scan_ids)))
+    return from_parts(parts, "k micro-batches are the large batch's maths where nothing depends on the batch, "
+                             "checkpointing recomputes each block, and both hold less memory",
+                      details=[f"run {run.run_id}: batch {batch}, {k} micro-batches"])
+
+
+def _accumulated(steps, k: int, batch: int):
+    passes = steps.loc[steps["lever"] == "accumulate", "forward_images"].tolist()
+    if not passes:
+        return part("accumulation", NOT_APPLICABLE, "no accumulated step in this run")
+    wanted = [batch // k] * k
+    wrong = [p for p in passes if list(p) != wanted]
+    if wrong:
+        return part("accumulation", FAILED, f"the accumulated step ran forward passes of {list(wrong[0])} images, "
+                                            f"not {k} micro-batches of {batch // k}: split the batch with "
+                                            "images.chunk(k) in accumulate_step (TODO TP1.5)")
+    return part("accumulation", PASSED, f"each step: {k} forward-backward passes of {batch // k} images, one "
+                                        "optimizer step")
+
+
+def _checkpointed(steps):
+    rows = steps[steps["lever"] == "checkpoint"]
+    if rows.empty:
+        return part("checkpointing", NOT_APPLICABLE, "no checkpointed step in this run")
+    ran, blocks = int(rows["block_forwards"].min()), int(rows["blocks"].max())
+    if ran < 2 * blocks:
+        return part("checkpointing", FAILED, f"the {blocks} checkpointed blocks ran forward {ran} times a step, "
+                                             "once each: nothing was recomputed in backward, every activation was "
+                                             "kept; run the block through torch.utils.checkpoint in "
+                                             "Checkpointed.forward (TODO TP1.5)")
+    return part("checkpointing", PASSED, f"each of the {blocks} blocks ran forward twice a step (forward, then "
+                                         "recomputed in backward)")
+
+
+def _norm_lesson(summary):
+    from dlokit.analysis.fit_levers import ROUNDING
+
+    found = {row.norm: row for row in summary.itertuples()}
+    if "group" not in found or "batch" not in found:
+        return part("BatchNorm lesson", NOT_APPLICABLE, "the run compared no BatchNorm and GroupNorm "
+                                                        "(--norm-lesson batch,group)")
+    group, batch = found["group"], found["batch"]
+    if group.largest_apart > ROUNDING:
+        return part("BatchNorm lesson", FAILED, f"with GroupNorm (nothing depends on the batch) the accumulated step "
+                                                f"is {group.largest_apart:.2g} apart from the large batch (relative), "
+                                                f"beyond fp32 rounding ({ROUNDING:g}): scale each micro-batch's loss "
+                                                "by 1/k and step the optimizer once (TODO TP1.5)")
+    if batch.smallest_apart <= ROUNDING:
+        return part("BatchNorm lesson", FAILED, f"with BatchNorm the accumulated step is within rounding of the "
+                                                f"large batch ({batch.smallest_apart:.2g}): its micro-batches were "
+                                                "not normalised apart, was the batch split? (TODO TP1.5)")
+    return part("BatchNorm lesson", PASSED, f"GroupNorm: accumulation is the large batch (at most "
+                                            f"{group.largest_apart:.1g} apart, rounding); BatchNorm: "
+                                            f"{batch.smallest_apart:.2g} to {batch.largest_apart:.2g} apart, each "
+                                            "micro-batch normalised by its own statistics")
+
+
+def _scan(table):
+    from dlokit.analysis.fit_levers import describe
+
+    outcome = dict(zip(table["lever"], table["outcome"]))
+    shown = outcome.get("plain") == "out of memory" and all(
+        outcome.get(lever) == "fits" for lever in ("accumulate", "checkpoint"))
+    return part("scan", INFO, describe(table) + ("" if shown else ": not the demonstration this limit was chosen "
+                                                 "for (the allocator's own room varies with the machine)"))
