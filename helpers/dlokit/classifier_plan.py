@@ -12,13 +12,15 @@ from the memory model: Day 1's busy batch is the largest of the scan that fits t
 of memory (Day 1's wall, which its check expects); every other job must fit. The days after Day 1 are planned in each
 precision Day 1 may keep (bf16, or fp32), the race with AdamW (the optimiser of Day 3 with the most state).
 
-GPU_SIZES is the one source of the sizes each notebook's "Sizes" text suggests (tests/test_classifier_plan.py holds
+GPU_SIZES is the one source of the sizes each notebook's "Sizes" text suggests (tests/test_gpu_plan_week.py holds
 them to each other); the rest of the parameters are the notebooks' own.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import shlex
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +77,7 @@ def scratch() -> Path:
     from PIL import Image
 
     root = Path(tempfile.mkdtemp(prefix="dlokit-plan-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     for split, label in [(split, label) for split in ("train", "val") for label in range(10)]:
         (root / "images" / split / f"c{label}").mkdir(parents=True)
         Image.new("RGB", (40, 40), (25 * label, 0, 0)).save(root / "images" / split / f"c{label}" / "0.JPEG")
