@@ -26,6 +26,16 @@ def test_cuda_exposed_allreduce_is_what_no_kernel_hid():
     assert (per_step["steps"], per_step["step_ms"], per_step["timeline"]) == (2, pytest.approx(92.5), "CUDA streams")
 
 
+def test_a_step_annotated_on_two_streams_spans_both(tmp_path):
+    trace = json.loads(CUDA.read_text())
+    for n, o in ((5, 0), (6, 100000)):  # Kineto also writes the step over the NCCL stream's work (stream 20)
+        trace["traceEvents"].append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "pid": 0,
+                                     "tid": 20, "ts": T0 + o + 70000, "dur": 20000, "args": {"stream": 20}})
+    (tmp_path / "two.pt.trace.json").write_text(json.dumps(trace))
+    spans = profiler.communication_spans(tmp_path / "two.pt.trace.json")
+    assert spans["steps"] == [(T0 + 11000, T0 + 111000), (T0 + 111000, T0 + 196000)]
+
+
 def test_cuda_timeline_labels_its_layers_as_the_streams_they_come_from():
     ax = dlokit.analysis.communication_timeline([CUDA]).axes[0]
     labels = {c.get_label() for c in ax.collections if not c.get_label().startswith("_")}

@@ -280,10 +280,14 @@ def communication_spans(path) -> dict:
 
 
 def _device_step_windows(steps) -> list[tuple[float, float]]:
-    """[start, end) of each step on the GPU: from its device span to the next one's; the last one, its own span."""
-    steps = sorted({e["name"]: e for e in steps}.values(), key=lambda e: e["ts"])
-    starts = [e["ts"] for e in steps]
-    return [(start, starts[i + 1]) for i, start in enumerate(starts[:-1])] + [(starts[-1], steps[-1]["ts"] + steps[-1]["dur"])]
+    """[start, end) of each step on the GPU: from its device span to the next one's; the last one, its own span. A
+    step annotated on several streams (its kernels' and NCCL's) spans them all."""
+    spans: dict[str, list[float]] = {}
+    for e in steps:
+        start, end = spans.setdefault(e["name"], [e["ts"], e["ts"] + e["dur"]])
+        spans[e["name"]] = [min(start, e["ts"]), max(end, e["ts"] + e["dur"])]
+    ordered = sorted(spans.values())
+    return [(start, ordered[i + 1][0]) for i, (start, _) in enumerate(ordered[:-1])] + [tuple(ordered[-1])]
 
 
 def within(spans, start: float, end: float):
