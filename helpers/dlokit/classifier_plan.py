@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import shlex
 import shutil
 import tempfile
@@ -82,6 +83,15 @@ def scratch() -> Path:
         (root / "images" / split / f"c{label}").mkdir(parents=True)
         Image.new("RGB", (40, 40), (25 * label, 0, 0)).save(root / "images" / split / f"c{label}" / "0.JPEG")
     return root
+
+
+def notebook_parameters(notebook: Path) -> dict:
+    """The values of a notebook's parameters cell (the CPU sizes the course runs)."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    values: dict = {}
+    exec("".join(cell["source"]), {}, values)
+    return {name: value for name, value in values.items() if name.isupper()}
 
 
 def _day(p: dict, ranks: int, carried=(), batch_size: int | None = None) -> _PlannedDay:
@@ -253,8 +263,6 @@ def _short(command: str) -> str:
 def plan(day: str, ranks: int = 4, card_gib: float = 80, sizes: dict | None = None, precision: str = "bf16") -> list[dict]:
     """Every job of `day`'s notebook at its parameters updated with `sizes` (default GPU_SIZES[day]), on a node of
     `ranks` cards of `card_gib` GB each, after Day 1 kept `precision`: a row per job (check), scans' walls included."""
-    from dlokit.gpu_plan import notebook_parameters
-
     p = {**notebook_parameters(REPO / "notebooks" / NOTEBOOKS[day]), **(GPU_SIZES[day] if sizes is None else sizes)}
     rows = [check(job, card_gib) for job in DAYS[day](p, ranks, card_gib, precision)]
     return [{"day": day, **row} for row in rows]

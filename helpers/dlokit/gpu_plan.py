@@ -70,11 +70,7 @@ class Job:
 
 def notebook_parameters(notebook: Path = NOTEBOOK) -> dict:
     """The values of the notebook's parameters cell (the CPU sizes the course runs)."""
-    cells = json.loads(Path(notebook).read_text())["cells"]
-    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-    values: dict = {}
-    exec("".join(cell["source"]), {}, values)
-    return {name: value for name, value in values.items() if name.isupper()}
+    return classifier_plan.notebook_parameters(notebook)
 
 
 @dataclass
