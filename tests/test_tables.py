@@ -161,3 +161,13 @@ def test_an_arm_without_a_ratio_reads_a_dash_and_the_baseline_its_one_alone():
                           "ratio_low": ["1.00", "", "1.12"], "ratio_high": ["1.00", "", "1.52"]})
     headers, rows, _ = read_back(html_of(shown))  # as Comparison.shown gives them: text, "" where no ratio
     assert cell(rows, headers, "ratio [low–high]") == ["1.00", "–", "1.31 [1.12–1.52]"]
+
+
+def test_a_value_and_its_interval_to_the_decimals_the_interval_supports():
+    """TP3.3's compile table read '2.922 [2.241–3.812]': an interval ±0.8 wide supports two decimals, not three."""
+    import pandas as pd
+
+    table = pd.DataFrame({"variant": ["eager", "compile-default"], "speedup": [1.0, 2.9216],
+                          "speedup_low": [0.765, 2.2405], "speedup_high": [1.3074, 3.8117]})
+    headers, rows, _ = read_back(html_of(table))
+    assert cell(rows, headers, "speedup [low–high]") == ["1.00 [0.77–1.31]", "2.92 [2.24–3.81]"]

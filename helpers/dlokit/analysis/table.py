@@ -234,6 +234,19 @@ def _groups(columns) -> dict[str, str]:
     return group
 
 
+def _interval_decimals(frame: pd.DataFrame, members: list) -> int | None:
+    """A value with its interval: the decimals the intervals support (stats.decimals, the most any row needs, at
+    most 4); None when the group has no interval."""
+    low = next((c for c in members if "low" in c), None)
+    high = next((c for c in members if "high" in c), None)
+    if low is None or high is None:
+        return None
+    found = [stats.decimals(a, b) for a, b in zip(pd.to_numeric(frame[low], errors="coerce"),
+                                                  pd.to_numeric(frame[high], errors="coerce"))]
+    found = [d for d in found if d is not None]
+    return min(4, max(found)) if found else None
+
+
 def _is_number_column(series: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
 
@@ -336,8 +349,11 @@ def rendered(frame: pd.DataFrame) -> Rendered:
     own = {c: decimals(pd.to_numeric(frame[c], errors="coerce")) for c in frame.columns if _is_number_column(frame[c])}
     places = {}
     for column in own:  # a group with one column in scientific notation reads all of it so
-        shared = [p for c, p in own.items() if group[c] == group[column]]
-        places[column] = wanted.get(column, SCIENTIFIC if None in shared else max(shared))
+        members = [c for c in own if group[c] == group[column]]
+        shared = [own[c] for c in members]
+        supported = _interval_decimals(frame, members)
+        places[column] = wanted.get(column, SCIENTIFIC if None in shared else
+                                    max(shared) if supported is None else supported)
     footnotes: list[str] = []
     cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
                          index=frame.index)
