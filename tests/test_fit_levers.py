@@ -112,3 +112,30 @@ def test_under_one_limit_the_plain_step_runs_out_of_memory_and_the_levers_fit(ru
                                                            "checkpoint": "fits"}
     assert (table["limit_mib"] == limit).all() and table.loc[table["outcome"] == "fits", "held_mib"].lt(limit).all()
     assert "plain large batch out of memory" in view.describe(table)
+
+
+def test_under_ddp_the_gradients_are_reduced_once_per_accumulated_step(tmp_path):
+    """model.no_sync() on every micro-batch but the last: DDP's buckets go to the all-reduce once a step, not k times
+    (a comm hook counts them; one gloo rank is enough for DDP to run its reducer)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    script = load_script(SOLUTION)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)))
+        reduced = []
+
+        def count(state, bucket):
+            reduced.append(bucket.index())
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+
+        model.register_comm_hook(None, count)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        script.accumulate_step(model, optimizer, nn.functional.cross_entropy, torch.randn(8, 3, 2, 2),
+                               torch.randint(0, 4, (8,)), 4)
+        assert len(reduced) == 1  # one bucket (a small model), reduced once
+    finally:
+        dist.destroy_process_group()
