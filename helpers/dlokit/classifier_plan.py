@@ -51,6 +51,7 @@ GPU_SIZES = {
 }
 PRECISIONS = ("bf16", "fp32")  # what Day 1 may keep for the days after it
 RACE_OPTIMIZER = "adamw"
+CLASSES = 1000  # on a GPU cluster DATA is ImageNet (Day 3's CIFAR-10 has 10: its last layer is smaller still)
 
 
 @dataclass
@@ -225,13 +226,13 @@ def need_gib(job: Job, args=None) -> float | None:
     name, args = parse(job) if args is None else (Path(shlex.split(job.command)[0]).name, args)
     if name == "compile_bench.py":  # a training step, inference, an optimizer step (Adam) of the same model
         need = classifier_memory.estimate(args.model, image_size=args.image_size, batch_size=args.batch_size,
-                                          optimizer="adamw", ranks=job.ranks)
+                                          optimizer="adamw", ranks=job.ranks, classes=CLASSES)
     elif name == "train_classifier.py":
         optimizer = max(args.lr_finder_optimizers if args.lr_finder else [args.optimizer],
                         key=classifier_memory.OPTIMIZER_STATES.get)  # the range test runs each
         need = classifier_memory.estimate(args.model, image_size=args.image_size, batch_size=args.batch_size,
                                           amp=args.amp, optimizer=optimizer, ranks=job.ranks,
-                                          cuda=args.device != "cpu")
+                                          cuda=args.device != "cpu", classes=CLASSES)
     else:
         return None
     return need.total_gib
