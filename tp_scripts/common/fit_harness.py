@@ -5,6 +5,7 @@ Not part of the TP: what the student edits is in fit_levers.py (the accumulated 
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-batches", type=int, default=4, help="k: forward-backward passes per accumulated step")
     p.add_argument("--levers", default="plain,accumulate,checkpoint",
                    help="the arms, alternated step by step: " + ", ".join(LEVERS))
-    p.add_argument("--steps", type=int, default=6, help="timed steps of each arm, between two untimed ones that count its tensors")
+    p.add_argument("--steps", type=int, default=6,
+                   help="timed steps of each arm, between two untimed ones that count its tensors")
     p.add_argument("--norm-lesson", default="", help="norms whose accumulated steps are compared with the plain "
                    "large batch, step by step (e.g. 'batch,group'; " + ", ".join(NORMS) + "); '' for none")
     p.add_argument("--norm-steps", type=int, default=3, help="steps of the norm lesson")
@@ -118,6 +120,22 @@ class StepWatch:
         seen = {"forward_images": self.passes, "block_forwards": self.block_calls, "blocks": self.blocks}
         self.passes, self.block_calls = [], 0
         return seen
+
+
+@contextmanager
+def device_peak(device):
+    """On a GPU, {"device_step_peak_mib"}: the allocator's peak over the step above what was allocated before it
+    (torch.cuda.max_memory_allocated: workspaces and gradients in flight included); {} on a CPU."""
+    found = {}
+    if device.type != "cuda":
+        yield found
+        return
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    yield found
+    torch.cuda.synchronize(device)
+    found["device_step_peak_mib"] = (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
 def grad_norm(model: nn.Module) -> float:

@@ -34,7 +34,7 @@ from dlokit.in_job.jobenv import EXIT_OUT_OF_MEMORY
 from dlokit.in_job.peers import is_out_of_memory, leave_now
 
 # The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
-from common.fit_harness import (STAGES, StepWatch, build_model, fixed_batches, grad_norm, parse_args,
+from common.fit_harness import (STAGES, StepWatch, build_model, device_peak, fixed_batches, grad_norm, parse_args,
                                 start_record)
 from common.memory_limit import limit_memory
 from common.tensor_memory import TensorMemory
@@ -140,25 +140,29 @@ def time_arms(arms: dict, batches, args, record) -> dict:
         for lever, a in arms.items():
             synchronize(images.device)
             started = time.perf_counter()
-            with a["meter"].step() if counted else contextlib.nullcontext():
+            with a["meter"].step() if counted else contextlib.nullcontext(), device_peak(images.device) as peak:
                 loss = a["step"](a["model"], a["optimizer"], nn.functional.cross_entropy, images, labels)
             synchronize(images.device)
             seconds = time.perf_counter() - started
-            record.log("lever_step", lever=lever, step=index, timed=not counted, t_step=seconds, loss=float(loss.detach()),
-                       grad_norm=grad_norm(a["model"]), **(a["meter"].mib() if counted else {}), **a["watch"].take())
+            counts = {**a["meter"].mib(), **peak} if counted else {}
+            record.log("lever_step", lever=lever, step=index, timed=not counted, t_step=seconds,
+                       loss=float(loss.detach()), grad_norm=grad_norm(a["model"]), **counts, **a["watch"].take())
     return {lever: len(batches) - 2 for lever in arms}
 
 
 def norm_lesson(norm: str, args, classes: int, device, batches, record) -> int:
-    """The plain large batch and the accumulated one from the same weights, step by step: loss and gradient norm."""
+    """The plain large batch and the accumulated one, each step from the same weights (the plain run's, copied: only
+    the step's own difference is measured, not fp32 rounding compounded over the steps): loss, gradient norm."""
     models = {how: build_model(args.model, classes, norm, device, args.seed) for how in ("plain", "accumulate")}
     optimizers = {how: torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for how, m in models.items()}
     watch = StepWatch(models["accumulate"])
     for index, (images, labels) in enumerate(batches[:args.norm_steps]):
+        models["accumulate"].load_state_dict(models["plain"].state_dict())  # weights and BatchNorm's running stats
         plain = plain_step(models["plain"], optimizers["plain"], nn.functional.cross_entropy, images, labels)
         accumulated = accumulate_step(models["accumulate"], optimizers["accumulate"], nn.functional.cross_entropy,
                                       images, labels, args.micro_batches)
-        record.log("norm_step", norm=norm, step=index, loss_plain=float(plain), loss_accumulate=float(accumulated.detach()),
+        record.log("norm_step", norm=norm, step=index, loss_plain=float(plain),
+                   loss_accumulate=float(accumulated.detach()),
                    grad_norm_plain=grad_norm(models["plain"]), grad_norm_accumulate=grad_norm(models["accumulate"]),
                    **watch.take())
     return min(args.norm_steps, len(batches))
