@@ -51,6 +51,7 @@ GPU_SIZES = {
 }
 PRECISIONS = ("bf16", "fp32")  # what Day 1 may keep for the days after it
 RACE_OPTIMIZER = "adamw"
+FIT_LIMIT_STAND_IN = 64  # MiB: TP1.5's scan limit is measured by its first job on the node; the plan checks the options
 CLASSES = 1000  # on a GPU cluster DATA is ImageNet (Day 3's CIFAR-10 has 10: its last layer is smaller still)
 
 
@@ -118,6 +119,12 @@ def day1_jobs(p: dict, ranks: int, card_gib: float, precision: str = "bf16") -> 
     large, small = p["PROFILE_BATCHES"] or [4 * p["BATCH_SIZE"], max(2, p["BATCH_SIZE"] // 4)]
     profile = ["--profile", "--profile-wait", "1", "--profile-warmup", "1", "--profile-active", "2"]
     jobs += [Job("TP1.4", command, 1) for command in day.scan([large, small], *profile, steps=max(p["STEPS"], 4))]
+    fit = ["--data", day.data, "--image-size", p["FIT_IMAGE_SIZE"], "--micro-batches", p["FIT_MICRO_BATCHES"]]
+    jobs.append(Job("TP1.5", day.command(*fit, "--batch-size", p["FIT_BATCH"], "--steps", p["FIT_STEPS"],
+                                         "--norm-lesson", "batch,group", script="fit_levers.py"), 1))
+    scan = [*fit, "--batch-size", p["FIT_SCAN_BATCH"], "--steps", 0, "--memory-limit", FIT_LIMIT_STAND_IN]
+    jobs += [Job("TP1.5", day.command(*scan, "--levers", lever, script="fit_levers.py"), 1, "either")
+             for lever in ("plain", "accumulate", "checkpoint")]
     return jobs
 
 
@@ -222,7 +229,7 @@ def _parsed(command: str, ranks: int):
 
 
 def need_gib(job: Job, args=None) -> float | None:
-    """GiB per rank the job holds on its device (None: a script without a model: read_bench.py, bn_statistics.py)."""
+    """GiB per rank the job holds on its device (None: a script with its own small shapes)."""
     name, args = parse(job) if args is None else (Path(shlex.split(job.command)[0]).name, args)
     if name == "compile_bench.py":  # a training step, inference, an optimizer step (Adam) of the same model
         need = classifier_memory.estimate(args.model, image_size=args.image_size, batch_size=args.batch_size,
@@ -233,7 +240,7 @@ def need_gib(job: Job, args=None) -> float | None:
         need = classifier_memory.estimate(args.model, image_size=args.image_size, batch_size=args.batch_size,
                                           amp=args.amp, optimizer=optimizer, ranks=job.ranks,
                                           cuda=args.device != "cpu", classes=CLASSES)
-    else:
+    else:  # read_bench.py, bn_statistics.py, fit_levers.py (TP1.5's small crops, whatever the day's sizes)
         return None
     return need.total_gib
 
