@@ -71,6 +71,8 @@ def test_the_sizes_text_suggests_the_plans_sizes(day):
     ("day1", 'day.device_sizes(ON_GPU, GPU_IMAGE_SIZE, BATCH_SWEEP, GPU_BATCH_SWEEP)'),
     ("day1", 'amp_batch = scan.busy_batch(BATCH_SIZE)'),
     ("day1", 'large, small = PROFILE_BATCHES or [4 * BATCH_SIZE, max(2, BATCH_SIZE // 4)]'),
+    ("day1", 'fit_options = ["--data", day.data, "--image-size", FIT_IMAGE_SIZE, "--micro-batches", FIT_MICRO_BATCHES]'),
+    ("day1", 'scan_options = [*fit_options, "--batch-size", FIT_SCAN_BATCH, "--steps", 0, "--memory-limit", fit_limit]'),
     ("day2", 'DDP_BATCH = DDP_BATCH or BATCH_SIZE'),
     ("day2", 'ddp_jobs = day.submit([ddp_run] * REPEATS, n_gpu=GPU_COUNTS, tp="TP2.2")'),
     ("day2", 'CURVE_BATCH = CURVE_BATCH or (DDP_BATCH if ON_GPU else 32)'),
