@@ -198,7 +198,7 @@ SCIENTIFIC = -1  # a column's count of decimals: scientific notation, three sign
 SAME_ROWS = 3  # a column with one value in this many rows or more is said once, in the footnote ...
 FOLDABLE = ("state", "script", "model", "amp", "source", "world_size", "schedule")  # ... a number's, or one of these
 LONG_TEXT = 40  # characters: a text cell longer than this is footnoted in FOOTNOTED columns, wraps elsewhere
-FOOTNOTED = ("basis", "why", "verdict")
+FOOTNOTED = ("basis", "why", "verdict", "note")
 OUTPUT_PX, CHAR_PX, CELL_PAD_PX = 968, 7.2, 14  # JupyterLab's output width, one character, a cell's padding
 
 
