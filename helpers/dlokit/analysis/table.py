@@ -149,11 +149,11 @@ def runs_table(runs=None, runs_dir=None) -> pd.DataFrame:
     rows = [{**run_row(r), "overlapped_by": ", ".join(overlaps.get(r.run_id, [])), "foreign_cpu": foreign_cpu_share(r)}
             for r in runs]
     for row in rows:
-        row["state"] = as_expected(row["run_id"], row["state"])
+        row["state"] = state_as_expected(row["run_id"], row["state"])
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def as_expected(run_id: str, state: str) -> str:
+def state_as_expected(run_id: str, state: str) -> str:
     """A run whose job failed as its job card expected (a demonstration, e.g. TP4.2's DDP out of memory):
     "failed as expected (why)"; any other state as it is. Looked up only for runs that did not complete."""
     if state == "completed":
