@@ -35,7 +35,7 @@ def parse_args(argv=None):
                    help="timed steps of each arm, between two untimed ones that count its tensors")
     p.add_argument("--norm-lesson", default="", help="norms whose accumulated steps are compared with the plain "
                    "large batch, step by step (e.g. 'batch,group'; " + ", ".join(NORMS) + "); '' for none")
-    p.add_argument("--norm-steps", type=int, default=3, help="steps of the norm lesson")
+    p.add_argument("--norm-steps", type=int, default=2, help="steps of the norm lesson")
     p.add_argument("--memory-limit", type=float, default=None, help="MiB the run may allocate once started "
                    "(a GPU's allocator limit, RLIMIT_DATA on a CPU): past it the run ends out of memory")
     p.add_argument("--lr", type=float, default=0.01)

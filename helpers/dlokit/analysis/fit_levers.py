@@ -26,6 +26,7 @@ from dlokit.analysis.run import COMPLETED, load_run, load_runs
 LEVERS = ("plain", "accumulate", "checkpoint")
 NAMES = {"plain": "plain large batch", "accumulate": "gradient accumulation", "checkpoint": "activation checkpointing"}
 COLORS = {"plain": "tab:blue", "accumulate": "tab:purple", "checkpoint": "tab:green"}
+SCAN_ENDS = {"COMPLETED": "", "OUT_OF_MEMORY": "TP1.5's scan under one limit: the plain step is meant not to fit"}
 ROUNDING = 1e-4  # relative: two orders of summing one batch's fp32 gradients differ by ~1e-7 (measured), far below
 
 
@@ -204,7 +205,9 @@ def describe(table: pd.DataFrame) -> str:
     if table.empty:
         return "no scan run"
     parts = [f"{NAMES.get(r.lever, r.lever)} {r.outcome}" for r in table.itertuples()]
-    return f"batch {table['batch'].max()} under {table['limit_mib'].max():.0f} MiB: " + ", ".join(parts)
+    limit = table["limit_mib"].max()
+    under = f"under {limit:.0f} MiB" if pd.notna(limit) else "under no limit"
+    return f"batch {table['batch'].max()} {under}: " + ", ".join(parts)
 
 
 def scan_plot(table: pd.DataFrame, job=None):

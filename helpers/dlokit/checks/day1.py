@@ -276,7 +276,7 @@ def fit_levers(measure_ids, scan_ids=()):
                                                  f"'time rises' {view.verdict(time, 'rises')}"))
     parts.append(_norm_lesson(view.norm_summary(view.norm_table(run))))
     if scan_ids:
-        parts.append(_scan(view.scan_table(scan_ids)))
+        parts.append(_scan(view.scan_table(scan_ids), [lever for lever in moved if view.untreated(steps, lever)]))
     return from_parts(parts, "k micro-batches are the large batch's maths where nothing depends on the batch, "
                              "checkpointing recomputes each block, and both hold less memory",
                       details=[f"run {run.run_id}: batch {batch}, {k} micro-batches"])
@@ -333,11 +333,14 @@ def _norm_lesson(summary):
                                             "micro-batch normalised by its own statistics")
 
 
-def _scan(table):
+def _scan(table, untreated):
     from dlokit.analysis.fit_levers import describe
 
     outcome = dict(zip(table["lever"], table["outcome"]))
     shown = outcome.get("plain") == "out of memory" and all(
         outcome.get(lever) == "fits" for lever in ("accumulate", "checkpoint"))
-    return part("scan", INFO, describe(table) + ("" if shown else ": not the demonstration this limit was chosen "
-                                                 "for (the allocator's own room varies with the machine)"))
+    why = (f"the {' and '.join(untreated)} lever{'s' if len(untreated) > 1 else ''} ran the plain step (TODO TP1.5)"
+           if untreated else
+           "the allocator's own room beside the tensors varies with the machine")
+    return part("scan", INFO, describe(table) + ("" if shown else f": not the demonstration this limit was chosen "
+                                                 f"for ({why})"))
