@@ -37,6 +37,7 @@ from common.compile_parts import bench_function, bench_inference, bench_model, b
 from common.compile_support import compiler_startup, inductor_cache_dir, missing_compiler
 from common.compile_timing import Bench
 
+
 def compile_with(fn, mode: str):
     """torch.compile a module or a function: Dynamo captures its graph on the first call, Inductor fuses the
     operations and generates kernels for them; later calls with the same shapes reuse the compiled code."""
