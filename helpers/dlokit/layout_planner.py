@@ -36,7 +36,7 @@ GIB = memory_model.GIB
 # buffers (parallel jobs) come off first, then a share for the caching allocator's fragmentation (dlokit.gpu_plan's).
 MARGIN = {"cuda_context_gib": 1.0, "nccl_gib": 1.0, "allocator_share": 0.10}
 ACCUMULATIONS = (1, 2, 4)
-# Cluster targets on paper, from the datasheets: MFU's dense peaks (tp_scripts/llm/common/mfu.py), the GPU's NVLink
+# Cluster targets on paper, from the datasheets: MFU's dense peaks (tp_scripts/llm/llm_kit/mfu.py), the GPU's NVLink
 # (per direction: NVLink 4 on H100 SXM 900 GB/s both ways, NVLink 3 on A100 SXM 600), one InfiniBand NIC per GPU
 # (DGX H100: ConnectX-7 NDR 400 Gb/s = 50 GB/s; DGX A100: HDR 200 Gb/s = 25 GB/s) and PCIe to the host (Gen5 x16
 # 64 GB/s a direction, Gen4 32). Line rates: upper bounds of a bus bandwidth. Measure yours (comm_bench.py on the

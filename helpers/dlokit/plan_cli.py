@@ -27,7 +27,7 @@ DEFAULT_RANKS_PER_NODE = 8  # a profile whose gpus_per_node is "auto" (this mach
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="1b", help="Day 4's model config (tp_scripts/llm/common/model.py): "
+    parser.add_argument("--config", default="1b", help="Day 4's model config (tp_scripts/llm/llm_kit/model.py): "
                         "125m, 1b, 3b, ...")
     parser.add_argument("--n-gpu", type=int, default=8, help="GPUs of the job (its world size)")
     parser.add_argument("--profile", default="jean-zay", help="the cluster's profile: GPUs a node, their model")

@@ -2,7 +2,7 @@
 
 On a GPU the caching allocator's own limit (torch.cuda.set_per_process_memory_fraction); on a CPU RLIMIT_DATA set
 to what the process holds now plus the limit, so that an allocation past it is refused ("DefaultCPUAllocator: can't
-allocate memory") and the run ends out of memory, as on a GPU of that size. Day 4's tp_scripts/llm/common/
+allocate memory") and the run ends out of memory, as on a GPU of that size. Day 4's tp_scripts/llm/llm_kit/
 device_memory.py does the same for the language model's ranks (a separate package: the scripts cannot share it).
 """
 from __future__ import annotations
