@@ -160,7 +160,8 @@ def norm_plot(table: pd.DataFrame):
             ax.plot(group["step"], group[column].clip(lower=1e-9), style, marker=marker,
                     label=f"{norm}: {'loss' if column == 'loss_apart' else 'gradient norm'}")
     ax.axhline(ROUNDING, color="black", linewidth=1)
-    ax.annotate("rounding of fp32 sums", (0.01, ROUNDING), xycoords=("axes fraction", "data"), va="bottom", fontsize=8)
+    ax.annotate(f"the check's tolerance, {ROUNDING:g} (fp32 rounding: ~1e-7)", (0.01, ROUNDING),
+                xycoords=("axes fraction", "data"), va="bottom", fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(sorted(table["step"].unique()))
     ax.set(xlabel="step (both from the same weights)", ylabel="|accumulated - large batch| / large batch",
