@@ -1,4 +1,6 @@
 """The headless course runner executes notebooks with parameters and keeps their plots as PNG files."""
+import json
+
 import nbformat
 
 from dlokit import course
@@ -18,6 +20,9 @@ def test_runner_injects_parameters_and_extracts_plots(tmp_path, monkeypatch):
     executed = nbformat.read(tmp_path / "out" / "day9_demo.ipynb", as_version=4)
     assert "points 5" in "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert [p.name for p in (tmp_path / "out" / "plots").iterdir()] == ["day9_demo_01.png"]
+    # the machine's speed before and after, beside the notebooks' time: course times compare through it
+    speed = json.loads((tmp_path / "out" / "yardstick.json").read_text())
+    assert speed["notebooks_s"] > 0 and all(speed[when]["median_ms"] > 0 for when in ("before", "after"))
 
 
 def test_a_failing_notebook_is_reported_and_the_run_fails(tmp_path):

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dlokit import yardstick
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_NOTEBOOKS = sorted((REPO / "notebooks").glob("day*.ipynb")) + [REPO / "notebooks" / "race.ipynb"]  # the race last
 SOLUTION_SCRIPTS = "../tp_scripts/solutions"  # the notebooks' SCRIPTS parameter, relative to notebooks/
@@ -107,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parameters.update(_parse_parameters(args.parameter))
     print(f"running the notebooks on {'the student scripts' if 'SCRIPTS' not in parameters else parameters['SCRIPTS']}"
           f" (profile {parameters.get('PROFILE', 'from each notebook')})", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    yardsticks = [yardstick.measure()]  # this machine's speed, before and after: course times compare through it
+    print(yardstick.line(yardsticks[0]), flush=True)
+    course_start = time.time()
     failed = []
     for index, notebook in enumerate(notebooks, 1):
         start = time.time()
@@ -120,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plots = extract_plots(executed, args.out / "plots")
         print(f"    done in {time.time() - start:.0f} s -> {executed} ({len(plots)} plots)", flush=True)
+    took = time.time() - course_start
+    yardsticks.append(yardstick.measure())
+    print(f"the notebooks took {took // 60:.0f} min {took % 60:.0f} s; after them, the {yardstick.line(yardsticks[1])}",
+          flush=True)
+    (args.out / "yardstick.json").write_text(json.dumps({"notebooks_s": round(took, 1), "before": yardsticks[0],
+                                                         "after": yardsticks[1]}, indent=1))
     if failed:
         print(f"{len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
