@@ -111,6 +111,27 @@ def write_layer_drop(runs, run_id, *, observed, error=None, skipped=7):
     return run_id
 
 
+def write_fit_levers(runs, run_id, *, treated: bool):
+    """fit_levers.py's record at batch 8, k = 4: each arm's counted and timed steps, and the norm lesson's lines.
+    Untreated (the student's untouched TODOs): one forward pass of 8, every block once, the plain step's memory."""
+    recorder = RunRecorder({"batch_size": 8, "micro_batches": 4, "levers": ["plain", "accumulate", "checkpoint"],
+                            "norm_lesson": ["batch", "group"]}, run_id=run_id, runs_dir=runs, script="fit_levers.py")
+    seen = {"plain": ([8], 8, 160.0), "accumulate": ([2, 2, 2, 2] if treated else [8], 8, 130.0 if treated else 160.0),
+            "checkpoint": ([8], 16 if treated else 8, 140.0 if treated else 160.0)}
+    for step, wobble in enumerate((1.0, *JITTER, 1.0)):
+        counted = step in (0, len(JITTER) + 1)
+        for lever, (passes, blocks, held) in seen.items():
+            cost = {"plain": 1.0, "accumulate": 1.5, "checkpoint": 1.3}[lever] if treated else 1.0
+            recorder.log("lever_step", lever=lever, step=step, timed=not counted, t_step=0.1 * cost * wobble,
+                         forward_images=passes, block_forwards=blocks, blocks=8,
+                         **({"held_mib": held, "saved_mib": held - 128.0} if counted else {}))
+    for norm, apart in (("batch", 1e-2 if treated else 0.0), ("group", 1e-7 if treated else 0.0)):
+        recorder.log("norm_step", norm=norm, step=0, loss_plain=2.0, loss_accumulate=2.0 * (1 + apart),
+                     grad_norm_plain=10.0, grad_norm_accumulate=10.0 * (1 + apart))
+    recorder.finish(steps=len(JITTER))
+    return run_id
+
+
 @pytest.fixture
 def cpu_records(runs):
     write(runs, "base", observed={**SOLUTION, "amp_dtype": "float32", "channels_last_input": False,
@@ -129,6 +150,8 @@ def cpu_records(runs):
     write_layer_drop(runs, "ld-sol-with", observed={**SOLUTION, "ddp_find_unused_parameters": True})
     write_layer_drop(runs, "ld-stu-without", observed=STUDENT)  # no DDP: nothing waits for a skipped block
     write_layer_drop(runs, "ld-stu-with", observed=STUDENT)
+    write_fit_levers(runs, "fit-sol", treated=True)
+    write_fit_levers(runs, "fit-stu", treated=False)
     return runs
 
 
@@ -138,7 +161,7 @@ def test_solution_like_records_on_a_cpu_pass_or_are_not_applicable(cpu_records):
                checks.profiler(["sol"]), checks.dataloader("base", "sol"), checks.ddp(["sol", "sol-ddp"], world_size=2),
                checks.sync_bn(["sol-ddp"]), checks.bn_statistics("bn-sol"),
                checks.unused_parameters("ld-sol-without", "ld-sol-with"),
-               checks.augmentation(["sol"], baseline_id="base")]
+               checks.augmentation(["sol"], baseline_id="base"), checks.fit_levers("fit-sol")]
     for result in results:
         assert result.status in (checks.PASSED, checks.NOT_APPLICABLE), result
         assert result.passed  # `passed` means "not failed": ✅ or ➖
@@ -184,6 +207,7 @@ def test_student_like_records_fail_every_tp_with_a_todo(cpu_records):
         "TP2.3 what SyncBatchNorm computes": (checks.bn_statistics("bn-stu"), "TODO TP2.3"),
         "TP2.3 unused parameters": (checks.unused_parameters("ld-stu-without", "ld-stu-with"), "TODO TP2.2"),
         "TP2.4 augmentation on the device": (checks.augmentation(["stu"]), "TODO TP2.4"),
+        "TP1.5 when the batch does not fit": (checks.fit_levers("fit-stu"), "TODO TP1.5"),
     }
     for name, (result, words) in expected.items():
         assert result.check == name
