@@ -90,3 +90,36 @@ def test_day_submit_spreads_expected_over_its_commands():
     assert expected_per_job("a", 1, oom) == [oom]
     with pytest.raises(ValueError, match="2 entries for 1 commands"):
         expected_per_job(["a"], 1, [oom, None])
+
+
+SLEEPING = """
+    import time
+
+    from dlokit.in_job.runrecord import RunRecorder
+
+    record = RunRecorder({"job": "trial"})
+    record.log("step", step=0, t_step=0.1)
+    time.sleep(120)
+"""
+
+
+def test_a_job_the_kit_cancels_on_purpose_reads_as_expected_and_nobody_is_stuck(workspace):
+    """An HPO trial its pruner stopped (hpo.py cancels it with the why) is no student's failure: the class report
+    marked its student stuck on 'CANCELLED: the job was cancelled' before the card carried the why."""
+    import time
+
+    from dlokit import classroom
+
+    [job_id] = dlokit.gpu_jobs_submitter(demo_script(workspace, SLEEPING), name="alice", time_max="00:03:00")
+    for _ in range(120):  # until the script runs (its first record line), then stop it as hpo.py does
+        if list((workspace / "runs").glob("*/rank0/metrics.jsonl")):
+            break
+        time.sleep(0.5)
+    jobs.cancel(job_id, why="pruned by the study's pruner after epoch 1")
+    [outcome] = dlokit.wait(job_id, timeout_s=120)
+    assert outcome.state == "CANCELLED" and outcome.expected == "pruned by the study's pruner after epoch 1"
+    assert "failed as expected (pruned by the study's pruner after epoch 1)" in outcome.shown_state
+
+    table = classroom.class_report(workspace / "runs", workspace / "jobs")
+    assert (table["status"] != classroom.STUCK).all(), table.to_dict("records")
+    assert table["by_design"].sum() == 1

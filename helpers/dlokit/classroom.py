@@ -121,9 +121,9 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
             continue  # another runs folder: another class, or another profile
         try:
             outcome = card_outcome(card)
-            state, cause = outcome.state, outcome.cause
+            state, cause, meant = outcome.state, outcome.cause, bool(outcome.expected)
         except Exception as error:  # an unreachable scheduler must not stop the report
-            state, cause = "UNKNOWN", f"{type(error).__name__}: {error}"
+            state, cause, meant = "UNKNOWN", f"{type(error).__name__}: {error}", False
         job = jobs.get(card.job_id)
         if job is None:
             job = jobs[card.job_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
@@ -131,6 +131,7 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
             job["student"] = card.name
         job["submitted"] = card.submitted_at if isinstance(card.submitted_at, (int, float)) else job["submitted"]
         job["state"], job["cause"] = state, cause or job["cause"]
+        job["by_design"] = job["by_design"] or meant  # its card expected this end (a pruned HPO trial, a demo)
         if job["tp"] == UNTAGGED and card.extra.get("tag"):
             job["tp"] = card.extra["tag"]
 

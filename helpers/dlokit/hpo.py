@@ -281,7 +281,8 @@ def _follow(study: optuna.Study, followed: _Followed, metric: str, say) -> bool:
             value = _last_value(study, number)
             trial.set_user_attr("pruned_at_epoch", step)  # before the cancel: a resumed loop knows who cancelled
             with contextlib.suppress(subprocess.SubprocessError, OSError, LookupError):
-                cancel(followed.job_id)  # Slurm refuses to cancel a job that has just ended: nothing to stop
+                cancel(followed.job_id, why=f"pruned by the study's pruner after epoch {step}")  # Slurm refuses
+                # to cancel a job that has just ended: nothing to stop
             _finish(study, trial, TrialState.PRUNED, f"pruned after epoch {step} ({metric} {value:.4f}); "
                                                      f"job {followed.job_id} cancelled")
             say(f"trial {number}: PRUNED after epoch {step} ({metric} {value:.4f}): job {followed.job_id} cancelled")

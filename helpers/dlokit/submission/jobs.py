@@ -912,10 +912,15 @@ def hms(seconds: float) -> str:
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def cancel(job_id: str) -> None:
+def cancel(job_id: str, why: str = "") -> None:
     """Stop a job: scancel on Slurm; SIGTERM to the local launcher, which stops the tasks and their scripts
-    (their run records say "cancelled"). Prints nothing."""
+    (their run records say "cancelled"). `why`, for a cancel the kit meant (an HPO trial its pruner stopped), goes on
+    the card first: the job then reads "CANCELLED: failed as expected (why)", never as a student's failure. Prints
+    nothing."""
     card = find_card(str(job_id))
+    if why:
+        card.expected = {**card.expected, "CANCELLED": why}
+        card.save()
     if card.backend == "slurm":
         subprocess.run(["scancel", card.job_id], check=True, capture_output=True, timeout=30)
     elif local_alive(card):
