@@ -2,6 +2,7 @@
 per TP, the verdict of each run.
 
     python bench/course_repeatability.py --runs 3 --out /tmp/repeat       # about 10 minutes a run on 2 cores
+    python bench/course_repeatability.py --runs 3 notebooks/day4_large_models.ipynb     # one day only
 
 Each run is `python -m dlokit.course` (every day, then the race) with its own run records and job logs, as a
 fresh clone would have. Read back from the executed notebooks: every check's status (and its judged parts), every
@@ -26,11 +27,11 @@ CHECK_MIME = "application/vnd.dlokit.check+json"
 VERDICT_MIME = "application/vnd.dlokit.verdict+json"
 
 
-def run_course(out: Path) -> float:
+def run_course(out: Path, notebooks: list[str]) -> float:
     """One course run into `out` (executed notebooks, runs, logs); returns its wall time in seconds."""
     env = {**os.environ, "DLOKIT_RUNS_DIR": str(out / "runs"), "DLOKIT_LOG_DIR": str(out / "jobs")}
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "dlokit.course", "--out", str(out / "notebooks")], env=env, check=False,
+    subprocess.run([sys.executable, "-m", "dlokit.course", "--out", str(out / "notebooks"), *notebooks], env=env, check=False,
                    stdout=open(out / "course.log", "w"), stderr=subprocess.STDOUT)
     return time.monotonic() - started
 
@@ -71,22 +72,26 @@ def choices(runs_dir: Path) -> dict[str, str]:
 
 
 def crosses(notebook: Path) -> int:
-    """❌ shown in the notebook's outputs (its markdown explains the marks too)."""
+    """❌ shown in the notebook's outputs (its markdown explains the marks too; the class report's legend too)."""
+    from dlokit.classroom import LEGEND
+
     cells = json.loads(notebook.read_text()).get("cells", [])
-    return sum(json.dumps(output, ensure_ascii=False).count("❌") for cell in cells for output in cell.get("outputs", []))
+    return sum(json.dumps(output, ensure_ascii=False).replace(LEGEND, "").count("❌")
+               for cell in cells for output in cell.get("outputs", []))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/dlokit-repeatability"))
+    parser.add_argument("notebooks", nargs="*", help="default: the whole course (e.g. notebooks/day4_large_models.ipynb)")
     args = parser.parse_args(argv)
     table: dict[str, list[str]] = defaultdict(lambda: [""] * args.runs)
     walls, marks = [], []
     for k in range(args.runs):
         out = args.out / f"run{k + 1}"
         out.mkdir(parents=True, exist_ok=True)
-        walls.append(run_course(out))
+        walls.append(run_course(out, args.notebooks))
         notebooks = sorted((out / "notebooks").glob("*.ipynb"))
         marks.append(sum(crosses(nb) for nb in notebooks))
         for notebook in notebooks:
