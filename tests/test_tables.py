@@ -171,3 +171,27 @@ def test_a_value_and_its_interval_to_the_decimals_the_interval_supports():
                           "speedup_low": [0.765, 2.2405], "speedup_high": [1.3074, 3.8117]})
     headers, rows, _ = read_back(html_of(table))
     assert cell(rows, headers, "speedup [low–high]") == ["1.00 [0.77–1.31]", "2.92 [2.24–3.81]"]
+
+
+def test_tp4_4_s_table_fits_the_output_and_says_each_direction_against_what_tp_expects(tmp_path, monkeypatch):
+    """check_tp.py's eleven columns were ~1,100 px: the view puts each direction's collectives and what tensor
+    parallelism expects in one cell, and a version that ran other collectives says what was expected."""
+    from dlokit.in_job.runrecord import RunRecorder
+
+    pair = {"allgather": 1, "reduce_scatter": 1}
+    with RunRecorder({"job": "check_tp"}, run_id="1128-100000-beef", runs_dir=tmp_path) as recorder:
+        for version, forward in (("scratch", {"allreduce": 1}), ("sequence_parallel", pair)):
+            recorder.log("tp_check", version=version, max_abs_diff_output=1.79e-7, matches=True,
+                         forward_collectives=forward, backward_collectives={"allreduce": 2},
+                         forward_bytes={"allgather": 4096, "reduce_scatter": 8192}, backward_bytes={"allreduce": 8192},
+                         expected_forward=pair if version == "sequence_parallel" else {"allreduce": 1},
+                         expected_backward={"allreduce": 1}, counts_as_expected=False, ok=False)
+        recorder.finish()
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path))
+    table = analysis.tp_check_table("1128-100000-beef")
+    headers, rows, foot = read_back(html_of(table))
+    assert cell(rows, headers, "forward") == ["allreduce 1 (as expected)",
+                                              "allgather 1, reduce_scatter 1 (as expected)"]
+    assert cell(rows, headers, "backward") == ["allreduce 2 (expected allreduce 1)"] * 2
+    assert width_px(rendered(table).cells) < OUTPUT_PX, width_px(rendered(table).cells)
+    assert "run 1128-100000-beef" in foot

@@ -25,6 +25,7 @@ from dlokit.analysis.overlap import foreign_cpu_share, overlapping
 from dlokit.analysis.pipeline import bubble_plot, bubble_table, bubble_trend, pipeline_events, pipeline_timeline
 from dlokit.analysis.scaling import ScalingError, scaling_plot, scaling_table
 from dlokit.analysis.table import config_value, runs_table
+from dlokit.analysis.tp_check import tp_check_table
 
 
 def run_picker(runs_dir=None, metric: str = "throughput_train"):
@@ -34,7 +35,7 @@ def run_picker(runs_dir=None, metric: str = "throughput_train"):
     return make(runs_dir, metric)
 
 
-__all__ = ["running_stats_table", "BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "allreduce_share", "compare_runs", "config_value", "dashboard",
+__all__ = ["tp_check_table", "running_stats_table", "BatchScan", "batch_scan", "fastest_shown", "Comparison", "Run", "ScalingError", "overlapping", "foreign_cpu_share", "breakdown_pie", "communication_per_step", "allreduce_share", "compare_runs", "config_value", "dashboard",
            "dataloader_trials", "list_run_ids", "load_run", "load_runs", "batch_speeds", "chosen_batch", "memory_fit", "memory_table",
            "memory_vs_batch", "message_figure", "profiler_breakdown", "run_picker", "runs_table",
            "scaling_plot", "scaling_table", "throughput_vs_batch", "trace_files", "training_curves", "epoch_times",
