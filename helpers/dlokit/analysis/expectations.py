@@ -54,7 +54,7 @@ LESSONS = {
         "A100: 156 TFLOPS in TF32 vs 19.5 TFLOPS in strict fp32 (NVIDIA's A100 datasheet)",
         "TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 in fp32",
         metric="throughput_compute", measured="compute throughput",
-        evidence=("tf32",), shows="TF32 allowed {tf32}", asked="tf32", todo="set_tf32 in the script"),
+        evidence=("tf32",), shows="TF32 allowed {tf32}", asked="tf32", todo="set_tf32 in common/device_setup.py"),
     "dataloader": Lesson(
         "worker processes and prefetching hide the data loading behind the computation: the training loop "
         "waits less for each batch", False,
