@@ -7,14 +7,13 @@ device_memory.py does the same for the language model's ranks (a separate packag
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import resource
 from pathlib import Path
 
 import torch
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+from dlokit.in_job.host_memory import return_freed_memory
+
 
 
 def data_mib() -> float:
@@ -32,7 +31,7 @@ def limit_memory(limit_mib: float, device: torch.device) -> dict:
         applied = min(limit_mib, total)
         torch.cuda.set_per_process_memory_fraction(applied / total, device)
         return {"memory_limit_mib": applied, "memory_limit_on": "cuda allocator"}
-    _return_freed_memory()
+    return_freed_memory()
     _start_threads()
     base = data_mib()
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
@@ -42,18 +41,6 @@ def limit_memory(limit_mib: float, device: torch.device) -> dict:
             wanted = min(wanted, bound)
     resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
     return {"memory_limit_mib": limit_mib, "memory_limit_on": "RLIMIT_DATA", "memory_base_mib": round(base, 1)}
-
-
-def _return_freed_memory() -> None:
-    """Blocks of 1 MiB and more in their own mappings, given back when freed (glibc would keep them for reuse, and
-    they would count against RLIMIT_DATA, which a GPU's allocator does not do to its cache)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    except OSError:
-        pass
 
 
 def _start_threads() -> None:

@@ -14,13 +14,13 @@ run allocates once started:
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import resource
 import sys
 from pathlib import Path
 
 import torch
+
+from dlokit.in_job.host_memory import return_freed_memory
 
 
 def data_mb() -> float | None:
@@ -43,7 +43,7 @@ def limit_memory(limit_mb: float, device: torch.device) -> dict:
         if "memory_limit_note" in applied:
             print(f"[device_memory] {applied['memory_limit_note']}", file=sys.stderr, flush=True)
         return applied
-    _return_freed_memory()
+    return_freed_memory()
     _start_autograd_threads()
     base = data_mb()
     if base is None:
@@ -83,17 +83,3 @@ def _start_autograd_threads() -> None:
     weight.to_local().sum().backward()
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-
-
-def _return_freed_memory() -> None:
-    """Blocks of 1 MiB and more get their own mapping, given back to the system when freed. By default glibc raises
-    that threshold as big blocks are freed (up to 32 MiB), then keeps freed blocks for reuse: they would still count
-    against RLIMIT_DATA, which a GPU's allocator does not do to its own cache. Nothing happens without glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    except OSError:
-        pass
