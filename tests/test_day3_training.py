@@ -19,7 +19,7 @@ import preloaded
 import pytest
 
 from dlokit.in_job.runrecord import read_rank
-from tp_imports import common  # noqa: E402
+from tp_imports import common, load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TP_SCRIPTS = REPO / "tp_scripts"
@@ -30,14 +30,6 @@ GENERATOR = REPO / "data" / "make_synthetic_imagenet.py"
 PYTHON = sys.executable
 TINY = ["--model", "resnet18", "--image-size", "32", "--print-every", "1000", "--batch-size", "4"]
 SYNTHETIC = ["--data", "synthetic", "--num-classes", "4", "--device", "cpu"]
-
-
-def load(path: Path, name: str):
-    """A module from its file: the solution and the student copy side by side, whatever sys.path says."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(runs: Path, run_id: str, *args, script=SCRIPT, env=None, check=True, timeout=300):
@@ -62,8 +54,8 @@ def lrs_of(rec: dict) -> list[float]:
 def test_solution_builds_every_optimizer_and_the_student_copy_only_sgd():
     import torch
 
-    solution, student = load(SOLUTIONS / "optim_setup.py", "optim_solution"), load(TP_SCRIPTS / "optim_setup.py",
-                                                                                     "optim_student")
+    solution = load_script(SOLUTIONS / "optim_setup.py", "optim_solution")
+    student = load_script(TP_SCRIPTS / "optim_setup.py", "optim_student")
     expected = {"sgd": "torch.optim.sgd.SGD", "adamw": "torch.optim.adamw.AdamW", "lamb": "timm.optim.lamb.Lamb",
                 "lars": "timm.optim.lars.Lars", "lion": "timm.optim.lion.Lion"}
     for name, cls in expected.items():
@@ -78,7 +70,7 @@ def test_solution_builds_every_optimizer_and_the_student_copy_only_sgd():
 
 
 def test_lr_scaling_rule():
-    optim_setup = load(SOLUTIONS / "optim_setup.py", "optim_rule")
+    optim_setup = load_script(SOLUTIONS / "optim_setup.py", "optim_rule")
     assert optim_setup.peak_lr(0.1, 1024, 256, "none") == 0.1
     assert optim_setup.peak_lr(0.1, 1024, 256, "linear") == pytest.approx(0.4)
     assert optim_setup.peak_lr(0.1, 1024, 256, "sqrt") == pytest.approx(0.2)
@@ -128,7 +120,7 @@ def test_student_copy_builds_sgd_for_any_name_with_the_default_one_cycle(tmp_pat
 def range_test(module_path: Path, name: str):
     import torch
 
-    finder = load(module_path, name)
+    finder = load_script(module_path, name)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
@@ -159,7 +151,7 @@ def test_lr_range_trials_start_from_the_same_loss_in_the_solution_only():
 
 
 def test_a_range_test_whose_lowest_loss_is_its_smallest_lr_saw_no_descent_and_suggests_nothing():
-    finder = load(SOLUTIONS / "lr_range_test.py", "finder_solution")
+    finder = load_script(SOLUTIONS / "lr_range_test.py", "finder_solution")
     flat = [finder.describe(k, lr, [2.30, 2.30 + 0.01 * k]) for k, lr in enumerate(finder.log_spaced(1e-6, 1e-2, 5))]
     summary = finder.suggest_lr(flat)
     # a tenth of the lowest loss's lr would be 1e-7, below the range tried: no suggestion, and it says why
