@@ -163,6 +163,12 @@ def class_of_four(tmp_path, monkeypatch):
                        day_check(alice, {"a23x": "FAILED"}, states, monkeypatch)])
     executed_notebook(notebooks / "day1_carol.ipynb", "carol",
                       [CheckResult("TP1.1 model and batches on the device", "failed", "the model stayed on the CPU")])
+    # erin's day check lists carol's job as hers (by_design is data the report reads: never another's), and its text
+    # words her own failure like a demonstration's ("(as TP meant)"), which the report does not read back
+    record(runs, "e23x", "erin", "TP2.3", "failed", "ValueError: --layer-drop must be below 1")
+    executed_notebook(notebooks / "day2_erin.ipynb", "erin",
+                      [CheckResult("the day's jobs", "passed", "all 1 jobs ended as they should",
+                                   ["job e23x: FAILED (as TP meant)"], info={"by_design": ["c23x", {"x": 1}]})])
     return runs, notebooks
 
 
@@ -176,12 +182,15 @@ def test_the_class_at_a_glance_a_grid_who_is_stuck_where_and_on_what(class_of_fo
     assert grid.loc["bob"].tolist() == ["✅", "❌", "·", "·"]
     assert grid.loc["carol"].tolist() == ["❌", "·", "❌", "·"]
     assert grid.loc["dave"].tolist() == ["⏳", "✅", "·", "·"]
+    assert grid.loc["erin"].tolist() == ["·", "·", "❌", "✅"]
     rows = {(row.student, row.tp): row for row in table.itertuples()}
     assert (rows[("alice", "TP2.3")].failed, rows[("alice", "TP2.3")].by_design) == (0, 1)
     assert (rows[("carol", "TP2.3")].failed, rows[("carol", "TP2.3")].by_design) == (1, 0)
+    assert (rows[("erin", "TP2.3")].failed, rows[("erin", "TP2.3")].by_design) == (1, 0)
 
     blocked = classroom.stuck(table)
-    assert blocked[["tp", "student"]].values.tolist() == [["TP1.1", "carol"], ["TP1.2", "bob"], ["TP2.3", "carol"]]
+    assert blocked[["tp", "student"]].values.tolist() == [["TP1.1", "carol"], ["TP1.2", "bob"], ["TP2.3", "carol"],
+                                                          ["TP2.3", "erin"]]
     causes = blocked["stuck_on"].tolist()
     assert causes[0] == "check TP1.1 model and batches on the device: the model stayed on the CPU"
     assert causes[1] == "job b12b failed: ValueError: --batch-size must be at least 2"
@@ -192,10 +201,10 @@ def test_the_class_at_a_glance_a_grid_who_is_stuck_where_and_on_what(class_of_fo
     lines = text.splitlines()
     assert max(map(len, lines)) <= 120, max(lines, key=len)
     assert lines[3].split() == ["student", "TP1.1", "TP1.2", "TP2.3", "other"]  # the grid first
-    assert lines[4].split() == ["alice", "✅", "✅", "✅", "✅"] and text.index("student") < text.index("stuck (3)")
+    assert lines[4].split() == ["alice", "✅", "✅", "✅", "✅"] and text.index("student") < text.index("stuck (4)")
 
     page = classroom.report_html(table, jobs=classroom.job_detail(jobs))
-    assert page.index("dlokit-grid") < page.index("Stuck (3)") < page.index("Each job")
+    assert page.index("dlokit-grid") < page.index("Stuck (4)") < page.index("Each job")
     assert '<span class="mark stuck" title="carol, TP2.3: job c23x failed: RuntimeError: Expected' in page
     assert "failed (by design)" in page and "In addition" in page.split("Each job")[1]  # the whole cause on hover
 

@@ -285,6 +285,9 @@ def test_day2_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     # without DDP nothing waits for a skipped block: the job meant to fail trained, and the check names TP2.2's TODO
     assert found["TP2.3 unused parameters"]["status"] == "failed"
     assert "TODO TP2.2" in found["TP2.3 unused parameters"]["message"]
+    # ... and the day's jobs check says why the demonstration completed, naming the same TODO
+    assert "but it completed because DDP is not set up" in found["the day's jobs"]["message"]
+    assert "TODO TP2.2" in found["the day's jobs"]["message"]
     # the scaling cell refuses the untouched script's 2-process run instead of plotting a false speed-up
     assert "without DistributedDataParallel" in executed.read_text()
 

@@ -24,8 +24,10 @@ causes, GPU-hours and energy. Where each comes from:
   files are read (a FIFO, a device or a symbolic link is refused and named in the student's row), and a job
   card counts only for the folder it lies in;
 * by design: a job a notebook meant to fail (TP2.3's run without find_unused_parameters, TP4.2's DDP out of
-  memory: the notebooks pass `expected=` to checks.day_jobs) is counted by design, not failed, once the day's
-  check has said so (its "job J: STATE (as TP meant)" lines in the executed notebook, for that student's jobs);
+  memory, a trial the HPO pruner stopped) is counted by design, not failed, when it ended as its job card expects
+  (`day.submit(..., expected={state: why})` stores it there; --logs), or when the day's check (checks.day_jobs)
+  listed it among those that failed as meant: its result's `by_design` job ids, stored in the executed notebook,
+  for that student's jobs (data, never a line of text read back);
 * a failure's cause: the line that says what went wrong (the exception's message, not the hints printed under it),
   from the run record's error first, else from the scheduler's word (dlokit.job_outcome);
 * GPU-hours and energy: dlokit.in_job.energy (elapsed x devices; NVML, RAPL or n/a).
@@ -214,21 +216,19 @@ def checks_from_notebooks(paths) -> list[dict]:
             status = result.get("status")
             rows.append({"student": student or "(no name)", "tp": tp.group(0) if tp else OTHER, "check": name,
                          "status": status, "mark": result.get("mark") or MARKS.get(status, "?"), "notebook": path.name,
-                         "message": str(result.get("message", "")), "details": result.get("details") or []})
+                         "message": str(result.get("message", "")), "details": result.get("details") or [],
+                         "info": result.get("info") or {}})
     return rows
 
 
-# what checks.day_jobs says of a job that ended as its TP meant (expected=...): "job J: FAILED (as TP meant)"
-MEANT = re.compile(r"job (?P<job>\S+): (?P<state>\S+) \(as TP meant\)$")
-
-
 def mark_by_design(jobs: dict[str, dict], checks: list[dict]) -> None:
-    """Each job of a student that their day check said ended as its TP meant is by design."""
+    """Each job of a student that their day check (checks.day_jobs) listed as failed as its TP meant is by design."""
     for check in checks:
-        for line in check["details"] if isinstance(check["details"], list) else []:
-            meant = MEANT.match(str(line))
-            job = jobs.get(meant["job"]) if meant else None
-            if job and job["student"] == check["student"] and job["state"] not in ACTIVE:
+        info = check.get("info")
+        listed = info.get("by_design") if isinstance(info, dict) else None
+        for job_id in listed if isinstance(listed, list) else []:
+            job = jobs.get(str(job_id))
+            if job and job["student"] == check["student"] and job["state"] not in ACTIVE + ENDED_WELL:
                 job["by_design"] = True
 
 

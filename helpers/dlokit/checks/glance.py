@@ -1,16 +1,18 @@
 """The day at a glance: did every job of the day end as it should? A failed or timed-out job is a ❌ here, with its
-cause, whatever the cell that used it printed."""
+cause, whatever the cell that used it printed; a demonstration meant to fail that completed says why, from its run
+record, and which TODO it points to."""
 from __future__ import annotations
 
 from .framework import check, failed, passed
-from .records import ids
+from .records import ids, observed
 
 
 @check("the day's jobs")
 def day_jobs(job_ids, expected: dict | None = None):
     """Every job COMPLETED, or ended the way its TP meant it to (`expected`: {job id: state, or a tuple of the states
     it may end in}, e.g. the DDP job of TP4.2 that must run out of memory, a trial the HPO pruner cancelled, a run of
-    TP4.2's batch scan that fits or runs out of memory; else what its job card expects: submit(..., expected=))."""
+    TP4.2's batch scan that fits or runs out of memory; else what its job card expects: submit(..., expected=)).
+    The result's info `by_design` lists the jobs that failed as meant: what the class report counts."""
     from dlokit.submission.jobs import job_outcome
 
     wanted = ids(job_ids)
@@ -18,25 +20,58 @@ def day_jobs(job_ids, expected: dict | None = None):
     if not wanted:
         return failed("no job id given: pass day.submitted")
     outcomes = [job_outcome(job) for job in wanted]
-    expected = {**{job: meant for job in wanted if (meant := _card_expects(job))}, **expected}
+    cards = {job: _card(job) for job in wanted}
+    expected = {**{job: tuple(card.expected) for job, card in cards.items() if card and card.expected}, **expected}
     wrong = [o for o in outcomes if o.state not in expected.get(o.job_id, ("COMPLETED",))]
+    by_design = [o.job_id for o in outcomes if o.state != "COMPLETED" and o.state in expected.get(o.job_id, ())]
     details = [f"job {o.job_id}: {o.state}" + (" (as TP meant)" if o.job_id in expected else "")
                for o in outcomes if o.state != "COMPLETED"]
     if wrong:
-        lines = [f"job {o.job_id} {o.state}" + (f": {o.cause.strip().splitlines()[-1]}" if o.cause.strip() else "")
-                 for o in wrong]
+        lines = [_wrong_line(o, expected.get(o.job_id, ("COMPLETED",)), cards[o.job_id]) for o in wrong]
+        lines.sort(key=lambda line: "TODO" not in line)  # the one that says what to do first
         return failed(f"{len(wrong)} of {len(outcomes)} jobs did not end as they should: {lines[0]}",
-                      lines[1:] + details)
-    meant = sum(1 for o in outcomes if o.job_id in expected and o.state != "COMPLETED")  # the lines below
+                      lines[1:] + details, by_design=by_design)
     return passed(f"all {len(outcomes)} jobs ended as they should"
-                  + (f" ({meant} failed by design: see below)" if meant else ""), details)
+                  + (f" ({len(by_design)} failed by design: see below)" if by_design else ""), details,
+                  by_design=by_design)
 
 
-def _card_expects(job_id: str) -> tuple:
-    """The states a job's card says it is meant to end in (submit's `expected=`); () when none or no card."""
+def _wrong_line(outcome, meant: tuple, card) -> str:
+    """One job that did not end as it should: its cause; for a demonstration meant to fail that completed, what it
+    was meant to show and why it did not, with the TODO its record points to."""
+    if outcome.state != "COMPLETED" or "COMPLETED" in meant:
+        cause = outcome.cause.strip()
+        return f"job {outcome.job_id} {outcome.state}" + (f": {cause.splitlines()[-1]}" if cause else "")
+    whys = card.expected if card else {}
+    tag = (card.extra.get("tag") if card else None) or ""
+    ends = " or ".join(f"{state} ({whys[state]})" if whys.get(state) else state for state in meant)
+    because = completed_because(outcome.job_id)
+    return (f"job {outcome.job_id}{f' ({tag})' if tag else ''} should have ended {ends}, but it completed"
+            + (f" because {because}" if because else ": was the demonstration's option changed?"))
+
+
+def completed_because(job_id: str) -> str:
+    """Why a job meant to fail completed, when its run record shows a TODO left untouched; "" when it shows none:
+    several ranks without DistributedDataParallel (TP2.2's TODO) wait for nothing, so a demonstration of what DDP
+    refuses (TP2.3's blocks without gradients) trains."""
+    from dlokit.analysis import load_run
+    from dlokit.submission.profiles import current_profile
+
+    try:
+        run = load_run(str(job_id), current_profile().runs)
+    except (OSError, ValueError):
+        return ""
+    if run.world_size > 1 and observed(run).get("ddp_wrapped") is False:
+        return (f"DDP is not set up: its {run.world_size} ranks each trained their own copy of the model, so none "
+                "waited for another — TODO TP2.2")
+    return ""
+
+
+def _card(job_id: str):
+    """The job's card (what submit's `expected=` stored with it); None when there is none."""
     from dlokit.submission.jobs import find_card
 
     try:
-        return tuple(find_card(job_id).expected)
+        return find_card(job_id)
     except LookupError:
-        return ()
+        return None
