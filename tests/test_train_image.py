@@ -506,6 +506,36 @@ def test_step_clock_reads_events_late_and_waits_once_to_drain():
     assert done[0].t_period is not None and done[1].t_period is not None
 
 
+
+def test_a_clock_that_splits_every_step_synchronises_at_each_phase_and_hands_the_step_back():
+    """train_llm.py's clock (breakdown_every=1): on a GPU every step waits for the device before it starts and at
+    each phase boundary (not for the batch), and finished() gives the step just stopped, its time the sum of its
+    phases."""
+    syncs = []
+    clock = StepClock("cuda", breakdown_every=1, overlap=True, sync=lambda: syncs.append(1), event=FakeEvent)
+    for step in (0, 1):
+        clock.start(step)
+        clock.split("data")
+        clock.split("forward")
+        clock.split("backward")
+        clock.stop()
+        timing = clock.finished()
+        assert timing.step == step and timing.breakdown and set(timing.splits) == {"data", "forward", "backward"}
+        assert timing.t_step == timing.splits["forward"] + timing.splits["backward"]
+    assert len(syncs) == 2 * 3  # start, forward, backward: each step
+
+
+def test_on_the_cpu_the_every_step_clock_is_the_host_clock():
+    clock = StepClock("cpu", breakdown_every=1)
+    clock.start(0)
+    clock.split("data")
+    time.sleep(0.01)
+    clock.split("optimizer")
+    clock.stop()
+    timing = clock.finished()
+    assert not clock.overlap and timing.t_period is None
+    assert timing.t_step == timing.splits["optimizer"] >= 0.01
+
 # ---- student version: the generated file, with every SOLUTION block replaced by its STUDENT lines ----
 
 def test_solution_markers_and_student_version_runs(tmp_path, tiny):

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
+from dlokit.in_job.measure import StepClock, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
@@ -143,7 +143,7 @@ class Run:
     optimizer: object = None
     data: TokenBatches = None
     autocast: object = None
-    timer: StepTimer = None
+    clock: StepClock = None
     history: list = field(default_factory=list)
     extra_summary: dict = field(default_factory=dict)  # the first step's memory and collectives, CP's choice
 
@@ -166,11 +166,13 @@ def train(args, config, dims, env, device, recorder) -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     run.autocast = (torch.autocast(device.type, dtype=dtype)
                     if dtype != torch.float32 and not run.parallel.fsdp_casts else nullcontext())
-    run.timer = StepTimer(device)
+    # every step a breakdown step (synchronised at each phase on a GPU): the metrics line splits every step, and the
+    # section timers (tp-scratch's all-reduces, the pipeline's timeline) are read once the step has synchronised
+    run.clock = StepClock(device, breakdown_every=1)
     meter = Meter(run)
     for step in range(start_step, args.steps):
-        loss, norm, splits = train_step(run, step, measure=step == start_step)
-        meter.log_step(step, loss, norm, splits)
+        loss, norm, timing = train_step(run, step, measure=step == start_step)
+        meter.log_step(step, loss, norm, timing)
         if args.checkpoint_dir and step + 1 == (args.checkpoint_step or args.steps):
             save(run, step + 1)
     meter.finish(start_step)
@@ -223,12 +225,12 @@ def resume(run) -> int:
 def train_step(run, step: int, measure: bool):
     """One optimizer step on the global batch `step`; on the measured step, what each rank holds and
     which collectives it issues are kept for the summary (run.extra_summary)."""
-    parallel, timer = run.parallel, run.timer
-    timer.start()
+    parallel, clock = run.parallel, run.clock
+    clock.start(step)
     inputs, targets = run.data.local_batch(step, parallel.data_rank, parallel.data_size)
-    timer.split("data")
+    clock.split("data")
     inputs, targets = inputs.to(run.device, non_blocking=True), targets.to(run.device, non_blocking=True)
-    timer.split("h2d")
+    clock.split("h2d")
     # under --compile each block is one graph: no hook inside it may note FSDP's gathered weights
     memory = (MemoryMeter(parallel.modules, run.optimizer, run.device, fsdp=run.dims.fsdp and not run.args.compile,
                           checkpointed=run.args.activation_checkpointing) if measure else None)
@@ -244,21 +246,22 @@ def train_step(run, step: int, measure: bool):
         if memory:
             memory.after_step()
         run.optimizer.zero_grad(set_to_none=True)
-    timer.split("optimizer")  # on CUDA: after a synchronisation, so the section timers can be read
+    clock.split("optimizer")
+    clock.stop()
     if measure:
         run.extra_summary.update(memory_bytes=memory.bytes(),
                             collectives_per_step=collectives.summary() if isinstance(collectives, CollectiveLog) else None)
     for group in parallel.loss_groups:  # ranks that saw other tokens: the global-batch mean
         dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
-    return loss.item(), norm, dict(timer.splits)
+    return loss.item(), norm, clock.finished()
 
 
 def forward_backward(run, inputs, targets):
-    parallel, timer = run.parallel, run.timer
+    parallel, clock = run.parallel, run.clock
     if parallel.pipeline is not None:  # the schedule runs every micro-batch's forward and backward
         with run.autocast:
             loss = parallel.pipeline.step(inputs, targets)
-        timer.split("fwd_bwd")
+        clock.split("fwd_bwd")
         return loss
     micro = run.args.grad_accum  # the rank's batch in `micro` forward-backwards, the gradients added up
     total = 0.0
@@ -266,9 +269,9 @@ def forward_backward(run, inputs, targets):
         with parallel.gradient_sync(index == micro - 1), parallel.context(x, y), run.autocast:
             model_args, model_kwargs, local_targets = parallel.prepare(x, y)
             loss = loss_fn(parallel.modules[0](*model_args, **model_kwargs), local_targets) / micro
-            timer.split("forward")
+            clock.split("forward")
             loss.backward()
-        timer.split("backward")
+        clock.split("backward")
         total = total + loss.detach()
     return total
 

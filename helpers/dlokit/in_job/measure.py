@@ -4,11 +4,11 @@ On a GPU, kernels run asynchronously: the host queues the work of step k+1 while
 computes step k. A phase split read from the host clock is only true after a device synchronisation,
 and every synchronisation takes that overlap away. So:
 
-* StepClock times every step as a whole with CUDA events (no synchronisation: the events are read back
-  once the GPU has passed them) and splits a step into phases only on a few *breakdown* steps, which
-  synchronise at every phase boundary. On the CPU nothing is asynchronous: every step is split.
-* StepTimer splits every step, synchronising at every split (simple, but it serialises the host and
-  the device: kept for scripts that want that).
+StepClock, the one step clock of every training script, times every step as a whole with CUDA events (no
+synchronisation: the events are read back once the GPU has passed them) and splits a step into phases only on
+a few *breakdown* steps, which synchronise at every phase boundary. On the CPU nothing is asynchronous: every
+step is split. A script that reads every step's phases (train_llm.py) makes every step a breakdown step
+(`breakdown_every=1`) and reads each step once it has stopped (`clock.finished()`).
 """
 from __future__ import annotations
 
@@ -17,31 +17,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
-
-class StepTimer:
-    """Split one training step into named phases: timer.start(); ...; timer.split("forward") ..."""
-
-    def __init__(self, device=None):
-        import torch
-
-        cuda = device is not None and getattr(device, "type", str(device)).startswith("cuda")
-        self._sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-        self._last = None
-        self.splits: dict[str, float] = {}
-
-    def start(self) -> None:
-        self._sync()
-        self._last = time.perf_counter()
-        self.splits = {}
-
-    def split(self, name: str) -> float:
-        self._sync()
-        now = time.perf_counter()
-        elapsed = now - self._last
-        self.splits[name] = self.splits.get(name, 0.0) + elapsed
-        self._last = now
-        return elapsed
 
 
 @dataclass
@@ -152,6 +127,12 @@ class StepClock:
             timing.t_period = previous.elapsed_time(end) / 1000 if previous is not None else None
             timing._events = ()
         timing.done = True
+
+    def finished(self) -> StepTiming:
+        """The step just stopped, its timing known (waits for the device if it is behind): for a script that
+        reads every step at once; the steps before it are dropped."""
+        *_, timing = self.drain()
+        return timing
 
     def ready(self):
         """The finished steps, oldest first, without waiting for the device."""

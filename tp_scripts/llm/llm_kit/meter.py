@@ -29,10 +29,11 @@ class Meter:
             print(f"[train_llm] MFU not computed: {self.peak_basis}", flush=True)
         self.energy = EnergyMeter(device)
 
-    def log_step(self, step, loss, norm, splits):
+    def log_step(self, step, loss, norm, timing):
+        """`timing`: the step as the run's StepClock measured it (every step split into its phases)."""
         run, args = self.run, self.run.args
         parallel = run.parallel
-        t_step = sum(v for k, v in splits.items() if k != "data")
+        splits, t_step = timing.splits, timing.t_step
         t_total = t_step + splits["data"]
         fields = {
             "epoch": 0, "step": step + 1, "lr": args.lr, "loss": loss, "batch_size": args.batch_size,

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepTimer, peak_gpu_memory_mb, peak_rss_mb
+from dlokit.in_job.measure import StepClock, peak_gpu_memory_mb, peak_rss_mb
 from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
@@ -174,43 +174,44 @@ def train(args, config, env, device, recorder, deepspeed):
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=settings)
     run = SimpleNamespace(  # what llm_kit/meter.py reads, as train_llm.py's Run
         args=args, config=config, device=device, recorder=recorder, is_main=env.is_main, rank=env.rank,
-        engine=engine, optimizer=engine.optimizer, timer=StepTimer(device), history=[], extra_summary={},
+        engine=engine, optimizer=engine.optimizer, clock=StepClock(device, breakdown_every=1), history=[], extra_summary={},
         data=TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed),
         dims=SimpleNamespace(data_parallel=f"deepspeed-zero{args.zero_stage}"),
         parallel=SimpleNamespace(modules=[engine.module], comm=None, pipeline=None, fsdp_reduce_op=None))
     meter = Meter(run)
     for step in range(args.steps):
-        loss, splits = train_step(run, step, measure=step == 0)
-        meter.log_step(step, loss, None, splits)
+        loss, timing = train_step(run, step, measure=step == 0)
+        meter.log_step(step, loss, None, timing)
     meter.finish(0)
 
 
 def train_step(run, step: int, measure: bool):
     """One optimizer step on the global batch `step`: this rank's part of it, through the engine."""
-    engine, timer = run.engine, run.timer
-    timer.start()
+    engine, clock = run.engine, run.clock  # every step split, as train_llm.py's
+    clock.start(step)
     inputs, targets = run.data.local_batch(step, dist.get_rank(), dist.get_world_size())
-    timer.split("data")
+    clock.split("data")
     inputs, targets = inputs.to(run.device, non_blocking=True), targets.to(run.device, non_blocking=True)
-    timer.split("h2d")
+    clock.split("h2d")
     memory = DeepSpeedMemory(engine, run.device) if measure else None
     with memory.forward() if memory else nullcontext():
         loss = loss_fn(engine(inputs), targets)
-    timer.split("forward")
+    clock.split("forward")
     # >>> SOLUTION TP4.8: the engine's backward (it reduces the gradients as the stage says) and its step
     engine.backward(loss)
-    timer.split("backward")
+    clock.split("backward")
     engine.step()  # the optimizer's step on this rank's partition, the weights gathered back, the gradients zeroed
     # --- STUDENT
-    # timer.split("backward")  # (DeepSpeed refuses loss.backward() at stage 0: the engine's backward it is)
+    # clock.split("backward")  # (DeepSpeed refuses loss.backward() at stage 0: the engine's backward it is)
     # <<< SOLUTION
-    timer.split("optimizer")
+    clock.split("optimizer")
+    clock.stop()
     if memory:
         memory.after_step()
         run.extra_summary.update(memory_bytes=memory.bytes(), zero_stage=run.args.zero_stage)
     loss = loss.detach()
     dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # the global batch's mean, as train_llm.py logs it
-    return loss.item(), dict(timer.splits)
+    return loss.item(), clock.finished()
 
 
 if __name__ == "__main__":
