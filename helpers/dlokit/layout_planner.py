@@ -6,6 +6,7 @@
     table.head()                                           # rank 1 first; a layout that does not fit has no rank
     candidates(table, top=3, slow=True)                    # what the notebook runs to check the ranking
     preview(table.iloc[0], profile="jean-zay", n_gpu=16)   # the batch script of the chosen layout
+    paper_plans(config, "H100-80GB", [8, 64], batch_size=64, seq_len=2048)   # {GPUs: plan} on paper; shown_by_gpus
 
 Every layout of train_llm.py (DDP, ZeRO-1, FSDP2 with and without resharding, HSDP, TP from scratch and DTensor's
 with and without sequence parallel, FSDP x TP, the pipeline's schedules with their micro-batches, CP) with the memory
@@ -260,6 +261,16 @@ def on_paper(config, target: str = "H100-80GB", gpus: int = 8, *, batch_size: in
                  dtype=dtype)
     table.attrs.update(target=target, gpus=gpus)
     return table
+
+
+def paper_plans(config, target: str, gpu_counts, *, batch_size: int, seq_len: int) -> dict[int, pd.DataFrame]:
+    """on_paper at each count of `gpu_counts`: {GPUs: plan}."""
+    return {gpus: on_paper(config, target, gpus, batch_size=batch_size, seq_len=seq_len) for gpus in gpu_counts}
+
+
+def shown_by_gpus(plans: dict, top: int = 5) -> pd.DataFrame:
+    """shown() of each plan of paper_plans, one under the other, indexed by (GPUs, row)."""
+    return pd.concat({gpus: shown(table, top=top) for gpus, table in plans.items()}, names=["GPUs", "row"])
 
 
 def tokens_per_s(table: pd.DataFrame) -> float:

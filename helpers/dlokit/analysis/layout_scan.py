@@ -5,6 +5,7 @@ what each memory lever adds to FSDP2's.
     table = scan_table(ddp_ids, fsdp_ids)   # per run: layout, batch, how it ended, MiB per rank measured, modelled
     largest_batches(table)                  # {"ddp": {"batch": 64, "bracketed": True, ...}, "fsdp": ...}
     scan_plot(table)                        # MiB per rank against the batch, the limit, a cross where a run ran out
+    lever_batches(batches, plan)            # the batches past what FSDP2 fits: where a lever is tried
     levers = scan_table(ddp_ids, fsdp_ids, levers=lever_ids)   # + FSDP2 runs with activation checkpointing,
     lever_table(levers)                     # gradient accumulation, CPU offload: the batch each buys, at what speed
 
@@ -52,6 +53,13 @@ def scan_limit(config: dict, *, ranks: int, batches, seq_len: int, dtype: str = 
                          "Scan more batch sizes (DDP must fit the smallest and not the largest), or a model whose "
                          "weights weigh more against its activations")
     return best
+
+
+def lever_batches(batches, plan: dict) -> list[int]:
+    """The batches of the scan a lever is tried at: those the memory model says FSDP2 does not fit under the scan's
+    limit (`plan`: scan_limit's), else the largest."""
+    fits = max(plan["fits"]["fsdp"], default=0)
+    return [b for b in batches if b > fits] or list(batches)[-1:]
 
 
 def _layout(run) -> str | None:
