@@ -168,9 +168,11 @@ LONGEST_GROUPS = ["local-notebooks", "slurm-2n"]
 
 
 # Modules whose tests share launches through a module fixture (the same runs, or test_compile's kernel cache, read
-# by several tests): one worker runs all of a module's tests, so that each launch happens once, not once per worker.
+# by several tests) or a process's caches (test_gpu_plan_week: the activations classifier_memory measures and the jobs
+# classifier_plan parses: the first plan takes a minute or more, the next ones in that process a second or less): one
+# worker runs all of a module's tests, so that each launch happens once, not once per worker.
 SHARED_LAUNCHES = {"test_day4_parallel", "test_day4_memory", "test_day4_pipeline", "test_day4_compress",
-                   "test_day4_tp_cp", "test_checks", "test_compile"}
+                   "test_day4_tp_cp", "test_checks", "test_compile", "test_gpu_plan_week"}
 
 
 OPENED = Path("/tmp/dlokit-tests-searchable.json")  # what every test process opened, and how many still need it
