@@ -195,3 +195,49 @@ def test_tp4_4_s_table_fits_the_output_and_says_each_direction_against_what_tp_e
     assert cell(rows, headers, "backward") == ["allreduce 2 (expected allreduce 1)"] * 2
     assert width_px(rendered(table).cells) < OUTPUT_PX, width_px(rendered(table).cells)
     assert "run 1128-100000-beef" in foot
+
+
+def test_day3_s_trial_table_fits_the_output_with_short_labels_and_long_outcomes_footnoted():
+    """TP3.5's trials, as dlokit.hpo.trials_table shows them: twelve columns were ~1,080 px in JupyterLab (962 px by
+    width_px, the narrowest layout, which a browser exceeds); short headers, said in the footnote, and a pruned
+    trial's outcome by its first clause bring it well within the output."""
+    import datetime
+
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from dlokit import hpo
+
+    study = optuna.create_study(direction="maximize", study_name="alice-day3")
+    study.set_user_attr("metric", "val_acc")
+    space = {"lr": FloatDistribution(0.01, 1.0, log=True), "weight_decay": FloatDistribution(1e-6, 1e-3, log=True),
+             "batch_size": CategoricalDistribution([16, 32, 64]), "label_smoothing": FloatDistribution(0.0, 0.2)}
+    start = datetime.datetime(2026, 11, 28, 10, 0, 0)
+    for k, (state, value, drawn_by) in enumerate([(TrialState.COMPLETE, 0.3125, "random start-up"),
+                                                   (TrialState.COMPLETE, 0.28125, "random start-up"),
+                                                   (TrialState.PRUNED, None, "TPE model"),
+                                                   (TrialState.COMPLETE, 0.340625, "TPE model")]):
+        job = f"1128-10000{k}-ab{k}d"
+        outcome = (f"job {job} COMPLETED" if state == TrialState.COMPLETE else
+                   f"pruned after epoch 1 (val_acc 0.1500); job {job} cancelled")
+        trial = create_trial(state=state, value=value, distributions=space,
+                             params={"lr": 0.0316 * (k + 1), "weight_decay": 2.1e-5 * (k + 1),
+                                     "batch_size": [16, 32, 64][k % 3], "label_smoothing": 0.0123 * (k + 1)},
+                             intermediate_values={0: 0.2, 1: 0.25} if value else {0: 0.15},
+                             user_attrs={"drawn_by": drawn_by, "job_id": job, "outcome": outcome})
+        trial.datetime_start, trial.datetime_complete = start, start + datetime.timedelta(seconds=30 + k)
+        study.add_trial(trial)
+    table = hpo.trials_table(study)
+    assert table["outcome"].tolist() == ["", "", "pruned after epoch 1 (val_acc 0.1500); job 1128-100002-ab2d cancelled",
+                                         ""]  # what a completed trial's state says already is not said twice
+    assert width_px(rendered(table).cells) < 0.85 * OUTPUT_PX, width_px(rendered(table).cells)
+    headers, rows, foot = read_back(html_of(table))
+    assert headers == ["trial", "state", "val_acc", "lr", "wd", "batch", "ls", "ep", "drawn_by", "job_id", "time_s",
+                       "outcome"]
+    assert "labels: batch = batch_size, wd = weight_decay, ls = label_smoothing, ep = epochs, time_s = duration_s" in foot
+    assert cell(rows, headers, "outcome") == ["", "", "pruned after epoch 11", ""]  # 1: its footnote
+    assert "1  pruned after epoch 1 (val_acc 0.1500); job 1128-100002-ab2d cancelled" in foot
+    ids = [row[headers.index("job_id")] for row in rows]
+    assert all(c.find("span", style="white-space:nowrap") for c in ids)  # never broken over lines
+    assert_one_count_of_decimals_per_column(html_of(table))

@@ -526,10 +526,16 @@ def _summary(study: optuna.Study, metric: str) -> str:
 
 # ---- what the study found ----------------------------------------------------------------------------
 
+# short headers of the trials table (its footnote says what each stands for): it fits a notebook's output
+TRIAL_LABELS = {"batch_size": "batch", "weight_decay": "wd", "label_smoothing": "ls", "epochs": "ep",
+                "duration_s": "time_s"}
+
+
 def trials_table(study: optuna.Study):
     """One row per trial: state, value (named after the metric), each parameter, epochs reported, who drew its
     options (drawn_by: a grid point, a random draw, TPE's random start-up or TPE's model), job id, duration and
-    outcome (why it failed or was pruned)."""
+    outcome (why it failed or was pruned; empty for a trial that completed). Shown in a notebook with short
+    headers (TRIAL_LABELS) and each long outcome's first clause, its whole text footnoted."""
     import pandas as pd
 
     metric = study.user_attrs.get("metric", "value")
@@ -539,9 +545,11 @@ def trials_table(study: optuna.Study):
                      "epochs": len(t.intermediate_values), "drawn_by": t.user_attrs.get("drawn_by"),
                      "job_id": t.user_attrs.get("job_id"),
                      "duration_s": round(t.duration.total_seconds(), 1) if t.duration else None,
-                     "outcome": t.user_attrs.get("outcome", "")})
+                     "outcome": "" if t.state == TrialState.COMPLETE else t.user_attrs.get("outcome", "")})
     columns = ["trial", "state", metric, "epochs", "drawn_by", "job_id", "duration_s", "outcome"]
-    return pd.DataFrame(rows, columns=list(dict.fromkeys(columns[:3] + [k for r in rows for k in r] + columns[3:])))
+    table = pd.DataFrame(rows, columns=list(dict.fromkeys(columns[:3] + [k for r in rows for k in r] + columns[3:])))
+    table.attrs.update(labels=TRIAL_LABELS, footnoted=["outcome"])
+    return table
 
 
 def figures(study: optuna.Study) -> dict:

@@ -174,7 +174,9 @@ def state_as_expected(run_id: str, state: str) -> str:
 # One renderer for every DataFrame a notebook shows (use_in_notebook: the day's set-up cell installs it): each
 # number column to one count of decimals, ids on one line, long texts footnoted, columns with nothing in them left
 # out (said so), and a footnote saying what each number is: `frame.attrs["basis"]` (the table's own word),
-# `frame.attrs["notes"]`, and COLUMN_BASIS for the columns it shows.
+# `frame.attrs["notes"]`, and COLUMN_BASIS for the columns it shows. A table may also name columns to leave out
+# (`attrs["hidden"]`), columns whose long texts are footnoted (`attrs["footnoted"]`, besides FOOTNOTED's), and short
+# labels for its headers (`attrs["labels"]`, {column: label}: the footnote says what each label stands for).
 
 COLUMN_BASIS = {  # what a runs_table column's number is, wherever a table shows that column
     "throughput_train": "images/s (tokens/s on Day 4) over the whole step, data included",
@@ -259,7 +261,7 @@ def _short(text: str) -> str:
     return head
 
 
-def _cell(value, column: str, places: int | None, footnotes: list) -> str:
+def _cell(value, column: str, places: int | None, footnotes: list, footnoted=FOOTNOTED) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "–"
     if places == SCIENTIFIC:
@@ -267,7 +269,7 @@ def _cell(value, column: str, places: int | None, footnotes: list) -> str:
     if places is not None:  # thousands apart by a narrow no-break space: 12 345 never breaks over two lines
         return f"{float(value):,.{places}f}".replace(",", "\u202f")
     text = _text(value)
-    if column in FOOTNOTED and len(text) > LONG_TEXT:
+    if column in footnoted and len(text) > LONG_TEXT:
         if text not in footnotes:
             footnotes.append(text)
         return f"{html.escape(_short(text))}<sup>{footnotes.index(text) + 1}</sup>"
@@ -355,8 +357,9 @@ def rendered(frame: pd.DataFrame) -> Rendered:
         places[column] = wanted.get(column, SCIENTIFIC if None in shared else
                                     max(shared) if supported is None else supported)
     footnotes: list[str] = []
-    cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes) for v in frame[c]] for c in frame.columns},
-                         index=frame.index)
+    footnoted = (*FOOTNOTED, *frame.attrs.get("footnoted", ()))
+    cells = pd.DataFrame({c: [_cell(v, c, places.get(c), footnotes, footnoted) for v in frame[c]]
+                          for c in frame.columns}, index=frame.index)
     cells = _with_intervals(cells, _groups(frame.columns))
     foldable = [*places, *FOLDABLE]  # numbers and settings; never a verdict, a check's result or an outcome
     same = [c for c in cells.columns if c in foldable and len(cells) >= SAME_ROWS and cells[c].nunique() == 1]
@@ -364,7 +367,10 @@ def rendered(frame: pd.DataFrame) -> Rendered:
     if empty:
         said.append(f"left out, nothing in them here: {', '.join(map(str, empty))}")
     cells = cells.drop(columns=same)
-    cells.columns = [c.replace("_", "_<wbr>") for c in cells.columns]  # a long header wraps at its underscores
+    labels = {c: str(label) for c, label in frame.attrs.get("labels", {}).items() if c in cells.columns}
+    if labels:
+        said.append("labels: " + ", ".join(f"{label} = {c}" for c, label in labels.items()))
+    cells.columns = [labels.get(c, c).replace("_", "_<wbr>") for c in cells.columns]  # a long header wraps at "_"
     return Rendered(cells, footnotes, said, list(frame.columns))
 
 
