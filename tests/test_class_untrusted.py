@@ -29,12 +29,12 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (real Uni
 STUDENT = """
 import json, math, os, sys
 from pathlib import Path
-import torch, torchvision
 from dlokit import race
-from dlokit.in_job.runrecord import RunRecorder
 action, run_id, nickname, runs = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
 board = race.Leaderboard(runs / "leaderboard", runs, budget_gpu_hours=math.inf)
 if action in ("run", "evil"):  # a finished race run of this student, its checkpoint, its entry
+    import torch, torchvision  # here only: the board's readers and editors start without them (5-8 s each)
+    from dlokit.in_job.runrecord import RunRecorder
     with RunRecorder({"model": "resnet18", "batch_size": 8, "image_size": 32}, run_id=run_id, runs_dir=runs,
                      extra={"name": nickname, "argv": ["--epochs", "1"]}) as recorder:
         recorder.log("val", epoch=0, step=6, val_loss=1.0, val_acc=0.5, val_acc5=1.0)
