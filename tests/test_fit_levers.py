@@ -31,14 +31,14 @@ def runs(tmp_path, monkeypatch):
 
 def one_step(script, norm: str, micro_batches: int):
     """(loss, gradient norm, weights after the step) of one step from seeded weights on one seeded batch: the plain
-    step for micro_batches 0, else the script's accumulate_step."""
+    step for micro_batches 0, else the script's accumulated_step (its accumulate_step, one optimizer step)."""
     harness = common("fit_harness")
     model = harness.build_model("resnet18", 10, norm, "cpu", seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     generator = torch.Generator().manual_seed(1)
     images, labels = torch.randn(16, 3, 16, 16, generator=generator), torch.randint(0, 10, (16,), generator=generator)
     if micro_batches:
-        loss = script.accumulate_step(model, optimizer, nn.functional.cross_entropy, images, labels, micro_batches)
+        loss = script.accumulated_step(model, optimizer, nn.functional.cross_entropy, images, labels, micro_batches)
     else:
         loss = script.plain_step(model, optimizer, nn.functional.cross_entropy, images, labels)
     return float(loss), harness.grad_norm(model), torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -76,7 +76,7 @@ def test_the_solution_passes_and_reports_the_batchnorm_difference_it_measured(ru
         model = {how: common("fit_harness").build_model("resnet18", 10, norm, "cpu", 0) for how in ("p", "a")}
         optimizers = {how: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for how, m in model.items()}
         plain = script.plain_step(model["p"], optimizers["p"], nn.functional.cross_entropy, *first_batch)
-        accumulated = script.accumulate_step(model["a"], optimizers["a"], nn.functional.cross_entropy, *first_batch, 4)
+        accumulated = script.accumulated_step(model["a"], optimizers["a"], nn.functional.cross_entropy, *first_batch, 4)
         assert float(plain) == pytest.approx(row["loss_plain"], rel=1e-6)
         assert float(accumulated) == pytest.approx(row["loss_accumulate"], rel=1e-6)
     assert batch["grad_norm_apart"] > 100 * group["grad_norm_apart"] and group["grad_norm_apart"] < view.ROUNDING
@@ -134,7 +134,7 @@ def test_under_ddp_the_gradients_are_reduced_once_per_accumulated_step(tmp_path)
 
         model.register_comm_hook(None, count)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        script.accumulate_step(model, optimizer, nn.functional.cross_entropy, torch.randn(8, 3, 2, 2),
+        script.accumulated_step(model, optimizer, nn.functional.cross_entropy, torch.randn(8, 3, 2, 2),
                                torch.randint(0, 4, (8,)), 4)
         assert len(reduced) == 1  # one bucket (a small model), reduced once
     finally:

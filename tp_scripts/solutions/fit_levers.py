@@ -40,24 +40,32 @@ from common.memory_limit import limit_memory
 from common.tensor_memory import TensorMemory
 
 
-def accumulate_step(model, optimizer, criterion, images, labels, micro_batches: int) -> torch.Tensor:
-    """One optimizer step on the batch (images, labels), in `micro_batches` forward-backward passes; its loss."""
-    optimizer.zero_grad(set_to_none=True)
+def accumulate_step(model, images, labels, micro_batches: int, forward, backward=torch.Tensor.backward):
+    """The batch's gradients added up in .grad over `micro_batches` passes (forward(x, y): a micro-batch's loss,
+    backward(loss): its backward); returns the batch's loss. The caller zeroes the gradients and steps once."""
     # >>> SOLUTION TP1.5: k micro-batches, each loss / k, the gradients added up; DDP all-reduces on the last only
     total = torch.zeros((), device=images.device)
     pieces = list(zip(images.chunk(micro_batches), labels.chunk(micro_batches)))
     for index, (x, y) in enumerate(pieces):
         last = index == len(pieces) - 1
         with model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext():
-            loss = criterion(model(x), y) / len(pieces)
-            loss.backward()  # adds to .grad; this micro-batch's activations are freed here
+            loss = forward(x, y) / len(pieces)
+            backward(loss)  # adds to .grad; this micro-batch's activations are freed here
         total += loss.detach()
     # --- STUDENT
-    # total = criterion(model(images), labels)  # the whole batch in one pass: all its activations alive at once
-    # total.backward()
+    # total = forward(images, labels)  # the whole batch in one pass: all its activations alive at once
+    # backward(total)
     # <<< SOLUTION
-    optimizer.step()
     return total
+
+
+def accumulated_step(model, optimizer, criterion, images, labels, micro_batches: int) -> torch.Tensor:
+    """One optimizer step on the batch, its gradients accumulated over `micro_batches` passes (train_classifier.py's
+    --grad-accum calls accumulate_step too, with its autocast forward and its loss scaler's backward)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_step(model, images, labels, micro_batches, lambda x, y: criterion(model(x), y))
+    optimizer.step()
+    return loss
 
 
 class Checkpointed(nn.Module):
@@ -128,7 +136,7 @@ def arm(lever: str, args, classes: int, device) -> dict:
     if lever == "checkpoint":
         checkpoint_stages(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    step = partial(accumulate_step, micro_batches=args.micro_batches) if lever == "accumulate" else plain_step
+    step = partial(accumulated_step, micro_batches=args.micro_batches) if lever == "accumulate" else plain_step
     return {"step": step, "watch": watch, "meter": TensorMemory(model, optimizer), "model": model,
             "optimizer": optimizer}
 
@@ -160,8 +168,8 @@ def norm_lesson(norm: str, args, classes: int, device, batches, record) -> int:
     for index, (images, labels) in enumerate(batches[:args.norm_steps]):
         models["accumulate"].load_state_dict(models["plain"].state_dict())  # weights and BatchNorm's running stats
         plain = plain_step(models["plain"], optimizers["plain"], nn.functional.cross_entropy, images, labels)
-        accumulated = accumulate_step(models["accumulate"], optimizers["accumulate"], nn.functional.cross_entropy,
-                                      images, labels, args.micro_batches)
+        accumulated = accumulated_step(models["accumulate"], optimizers["accumulate"], nn.functional.cross_entropy,
+                                       images, labels, args.micro_batches)
         record.log("norm_step", norm=norm, step=index, loss_plain=float(plain),
                    loss_accumulate=float(accumulated.detach()),
                    grad_norm_plain=grad_norm(models["plain"]), grad_norm_accumulate=grad_norm(models["accumulate"]),
