@@ -1,7 +1,9 @@
 """The race form's memory levers (issue 51 item 5): gradient accumulation and activation checkpointing, offered by the
-form where the training script has them, costed by the race planner, passed through to the run's command."""
+form where the training script has them, costed by the race planner, passed through to the run's command. (The
+planner's cost against real runs of train_classifier.py with the levers: tests/test_classifier_levers.py.)"""
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -21,31 +23,32 @@ TEST = planner.TestRun(run_id="t", world_size=1, batch_size=8, step_s=0.2, t_dat
 
 
 def parser_with_levers():
-    """The solution script's own parser; where it has no --grad-accum / --activation-checkpointing yet, those two
-    added as train_llm.py has them (the classifier's wiring is another change)."""
-    parser = race.form.options_module(SCRIPT).build_parser()
-    if race.form._action(parser, "--grad-accum") is None:
-        parser.add_argument("--grad-accum", type=int, default=1)
-    if race.form._action(parser, "--activation-checkpointing") is None:
-        parser.add_argument("--activation-checkpointing", action="store_true")
-    return parser
+    """The solution script's own parser: it has --grad-accum and --activation-checkpointing (TP1.5's levers)."""
+    return race.form.options_module(SCRIPT).build_parser()
 
 
 def plan(options, test=TEST):
     return race.make_plan(test, profile=dlokit.get_profile("local"), budget_minutes=2, options=options)
 
 
-def test_the_form_greys_the_levers_a_script_does_not_have():
+def test_the_form_offers_the_levers_the_script_has_and_greys_those_it_has_not():
     module = race.form.options_module(SCRIPT)
     form = race.RaceForm(module.build_parser(), module.AUGMENTATIONS)
+    form.options()
+    assert "greyed" not in form.message.value and not form.greyed
+    form.fields["activation_checkpointing"].value = True
+    assert "--activation-checkpointing" in form.options()
+    for name in race.form.LEVERS:  # the classifier's levers, enabled: its parser has them
+        assert not form.fields[name].disabled and form.values()[name] is not None
+    older = argparse.ArgumentParser()  # a script without the levers (its other options left out of this form)
+    for option in ("--image-size", "--batch-size", "--lr", "--weight-decay", "--augment", "--data"):
+        older.add_argument(option)
+    form = race.RaceForm(older)
     options = form.options()
     for name in race.form.LEVERS:
         option = race.form.option_of(name)
-        has = race.form._action(form.parser, option) is not None
-        assert form.fields[name].disabled is not has and (form.values()[name] is None) is not has
-        assert (option in form.message.value.split("greyed:")[-1]) is not has  # the greyed ones named
-        if not has:
-            assert option not in options
+        assert form.fields[name].disabled and form.values()[name] is None and option not in options
+        assert option in form.message.value.split("greyed:")[-1]  # the greyed ones named
 
 
 def test_a_form_with_accumulation_k_plans_k_micro_batches_a_step_and_passes_it_to_the_run(tmp_path):

@@ -30,6 +30,7 @@ block's STUDENT lines (if any) standing in its place. `dlokit.material.compare(.
 """
 import contextlib
 import time
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -43,6 +44,7 @@ from dlokit.in_job.peers import leave_now
 from common.checkpointing import CheckpointError, CheckpointWriteError, restore, save
 from common.device_setup import setup_distributed
 from common.evaluation import end_of_epoch
+from common.fit_harness import StepWatch
 from common.image_data import DataSetError, ResumableSampler
 from common.image_models import create_model, small_image_stem
 from common.instrument import Instrument
@@ -55,9 +57,10 @@ from common.run_start import open_records
 from common.storage_formats import open_image_data
 from common.tracking import start_tracking, stop_tracking
 from common.train_options import augmentations, parse_args
-from common.training_state import AMP_DTYPES, Data, Training, fail, plan_steps, warmup_steps
+from common.training_state import AMP_DTYPES, Data, Training, fail, last_batch_dropped, plan_steps, warmup_steps
 
-# Day 3's TP modules sit beside this script (the solution's beside the solution, your copies beside yours).
+# The TP modules of Days 1 (TP1.5: the memory levers) and 3 sit beside this script (yours beside yours).
+import fit_levers
 import lr_range_test
 import optim_setup
 
@@ -70,7 +73,7 @@ def main(argv=None) -> int:
     if len(data.train_loader) == 0:
         return fail(env.rank, f"{args.data}: fewer training images per process than --batch-size "
                               f"{args.batch_size} (and --drop-last is on)")
-    model, raw_model = build_model(args, data.num_classes, device, env.world_size)
+    model, raw_model, watch = build_model(args, data.num_classes, device, env.world_size)
     epochs, total_steps = plan_steps(args, len(data.train_loader))
     warmup = warmup_steps(args, len(data.train_loader))
     if warmup >= total_steps and not args.lr_finder:
@@ -82,7 +85,8 @@ def main(argv=None) -> int:
     t = Training(args, device, env.rank, env.world_size, data, model, raw_model,
                  criterion=nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), optimizer=optimizer,
                  scheduler=scheduler, scaler=build_scaler(args, device), amp_dtype=AMP_DTYPES[args.amp],
-                 epochs=epochs, total_steps=total_steps, steps_per_epoch=len(data.train_loader), lr_peak=lr_peak)
+                 epochs=epochs, total_steps=total_steps, steps_per_epoch=len(data.train_loader), lr_peak=lr_peak,
+                 watch=watch)
     try:
         start = restore(t)
     except CheckpointError as error:
@@ -129,8 +133,7 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
     # TODO TP2.2: each rank reads its own shard of the data set (set_epoch reshuffles it)
     shard_sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(args.seed))
     sampler = ResumableSampler(shard_sampler)
-    # A last batch of one image would break BatchNorm ("expected more than 1 value per channel").
-    drop_last = args.drop_last or len(shard_sampler) % args.batch_size == 1
+    drop_last = args.drop_last or last_batch_dropped(len(shard_sampler), args.batch_size, args.grad_accum)
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=drop_last,
                               generator=torch.Generator().manual_seed(args.seed), **workers, **loader_options)
     val_loader = None
@@ -143,17 +146,20 @@ def build_data(args, rank: int, world_size: int, device) -> Data:
 
 
 def build_model(args, num_classes: int, device, world_size: int):
-    """(the model the loop calls, the plain model inside it)."""
+    """(the model the loop calls, the plain model inside it, what watches its passes under the memory levers)."""
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = create_model(args.model, num_classes)
     if args.cifar_stem:
         model = small_image_stem(model)
     if args.layer_drop:
         model = add_layer_drop(model, args.layer_drop)
+    watch = StepWatch(model) if args.grad_accum > 1 or args.activation_checkpointing else None  # what each step ran
+    if args.activation_checkpointing:
+        model = fit_levers.checkpoint_stages(model)
     # TODO TP1.1: the weights must live where the computation happens
     # TODO TP1.3: NHWC weights: tensor-core convolutions need no layout conversion
     model = parallelize(model, args, device, world_size)
-    return model, model.module if isinstance(model, DDP) else model
+    return model, model.module if isinstance(model, DDP) else model, watch
 
 
 def parallelize(model: nn.Module, args, device, world_size: int) -> nn.Module:
@@ -218,6 +224,7 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
     totals = torch.zeros(3, device=t.device)  # loss sum, hits, images: summed on the device, no sync per step
     batch_in_epoch = first_batch
     t.model.train()
+    t.ran()  # forget the validation's forward passes
     batches = iter(t.data.train_loader)
     while t.step < t.total_steps:
         ins.start_step(t.step + 1)
@@ -230,7 +237,8 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
         t.step, batch_in_epoch = t.step + 1, batch_in_epoch + 1
         totals[:2] += torch.stack([loss.float() * n, hits.float()]).to(t.device)  # .to: no-op once on the device
         totals[2] += n
-        metrics = sync_metrics(t, ins, loss, hits, n) if t.step % args.metric_step == 0 else {}
+        ran = t.ran()  # the memory levers' forward passes, recorded with the metrics
+        metrics = {**sync_metrics(t, ins, loss, hits, n), **ran} if t.step % args.metric_step == 0 else {}
         if t.profiler is not None:
             t.profiler.step()
         ins.end_step(t.step, epoch=epoch, lr=lr, samples=n * t.world_size, **metrics)
@@ -244,7 +252,7 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
 
 def train_step(t: Training, ins: Instrument, images, labels):
     """One optimisation step on one batch: (loss, hits) as tensors on the device (nothing waits), batch size."""
-    args, model = t.args, t.model
+    args, model = t.args, getattr(t.model, "_orig_mod", t.model)  # compiled: the model inside (DDP's no_sync)
     pinned = images.is_pinned()
     with phase(ins, "h2d"):
         # TODO TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
@@ -255,20 +263,35 @@ def train_step(t: Training, ins: Instrument, images, labels):
         pass
     with phase(ins, "forward"):
         # TODO TP1.3: NHWC images to match the NHWC weights
-        # TODO TP1.2: run the forward pass and the loss under autocast
-        logits = model(images)
-        loss = t.criterion(logits, targets)
-    with phase(ins, "backward"):
-        t.optimizer.zero_grad(set_to_none=True)
-        # TODO TP1.2: scale the loss so that fp16 gradients do not flush to zero
-        loss.backward()
+        pass
+    t.optimizer.zero_grad(set_to_none=True)
+    outputs = []  # the logits of each forward pass (--grad-accum K: K micro-batches, your fit_levers.py's loop)
+    loss = fit_levers.accumulate_step(model, images, targets, args.grad_accum, partial(forward, t, ins, outputs),
+                                      partial(backward, t, ins))
     with phase(ins, "optimizer"):
         # TODO TP1.2: unscale, skip the step if a gradient overflowed, adapt the scale
         t.optimizer.step()
         t.scheduler.step()
+    logits = torch.cat(outputs)
     ins.observe_once(t, phase=phase, images=images, targets=targets, logits=logits, pinned=pinned)
     hits = (logits.argmax(dim=1) == labels).sum()  # against the true labels, mixed batch or not
     return loss.detach(), hits, len(labels)
+
+
+def forward(t: Training, ins: Instrument, outputs: list, images, targets):
+    """One forward pass (the batch, or a micro-batch of it) and its loss."""
+    with phase(ins, "forward"):
+        # TODO TP1.2: run the forward pass and the loss under autocast
+        logits = t.model(images)
+        loss = t.criterion(logits, targets)
+    outputs.append(logits.detach())
+    return loss
+
+
+def backward(t: Training, ins: Instrument, loss) -> None:
+    with phase(ins, "backward"):
+        # TODO TP1.2: scale the loss so that fp16 gradients do not flush to zero
+        loss.backward()
 
 
 def sync_metrics(t: Training, ins: Instrument, loss, hits, n: int) -> dict:

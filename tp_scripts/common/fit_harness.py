@@ -73,8 +73,8 @@ def build_model(name: str, classes: int, norm: str, device, seed: int) -> nn.Mod
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The residual blocks of the four stages, in order."""
-    return [block for name in STAGES for block in getattr(model, name)]
+    """The residual blocks of the four stages, in order (none for a model that is not a ResNet)."""
+    return [block for name in STAGES for block in getattr(model, name, ())]
 
 
 def _group_norm(channels: int) -> nn.GroupNorm:
@@ -102,7 +102,8 @@ def fixed_batches(data: str, image_size: int, batch_size: int, count: int, devic
 
 class StepWatch:
     """What the model did during a step, seen from outside: the images of each forward pass, and how many times its
-    residual blocks ran forward (each twice when its activations were recomputed in backward)."""
+    residual blocks ran forward (each twice when its activations were recomputed in backward). Also what
+    train_classifier.py records of --grad-accum and --activation-checkpointing."""
 
     def __init__(self, model: nn.Module):
         self.passes, self.block_calls, self.blocks = [], 0, len(blocks(model))

@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:  # long on purpose: one flat add_
     g.add_argument("--profile-warmup", type=int, default=2, help="profiler: steps traced but thrown away (warm caches)")
     g.add_argument("--profile-active", type=int, default=3, help="profiler: steps kept in the trace")
 
+    g = p.add_argument_group("when the batch does not fit (Day 1, TP1.5: your fit_levers.py)")
+    g.add_argument("--grad-accum", type=int, default=1, metavar="K",
+                   help="gradient accumulation: each process's batch in K micro-batches (the activations of one), "
+                        "their gradients added up, one optimizer step; under DDP one all-reduce per step (no_sync)")
+    g.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=False,
+                   help="ResNets: each residual block keeps only its input and runs again in backward (less "
+                        "memory, one forward more)")
+
     g = p.add_argument_group("data loading (Day 2)")
     g.add_argument("--num-workers", type=int, default=0, help="processes decoding images beside the training loop")
     g.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=False,
@@ -242,8 +250,21 @@ def check_options(parser, args, world_size: int, cuda_available: bool) -> None:
     if args.layer_drop and not args.model.startswith(("resnet", "resnext", "wide_resnet")):
         parser.error(f"--layer-drop skips residual blocks: {args.model} is not a ResNet (try resnet18)")
     args.augment = check_augment(parser, args.augment, args.data)
+    check_levers(parser, args)
     check_compile(parser, args, on_gpu)
     check_large_batch_options(parser, args, world_size)
+
+
+def check_levers(parser, args) -> None:
+    """--grad-accum: equal micro-batches of two images or more (BatchNorm); --activation-checkpointing: a ResNet."""
+    k = args.grad_accum
+    if k < 1 or args.batch_size % k or args.batch_size // k < 2:
+        parser.error(f"--grad-accum {k}: the batch of {args.batch_size} per process must split into {k} equal "
+                     "micro-batches of 2 images or more (BatchNorm needs two)")
+    if args.activation_checkpointing and not args.model.startswith(RESNETS):
+        parser.error(f"--activation-checkpointing checkpoints a ResNet's residual blocks; {args.model} is not a ResNet")
+    if args.lr_finder and (k > 1 or args.activation_checkpointing):
+        parser.error("--lr-finder trains its trials whole-batch: leave out --grad-accum and --activation-checkpointing")
 
 
 def check_large_batch_options(parser, args, world_size: int) -> None:

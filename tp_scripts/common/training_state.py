@@ -52,11 +52,16 @@ class Training:
     steps_per_epoch: int
     lr_peak: float | None = None  # the schedule's peak learning rate, for the record
     profiler: object = None
+    watch: object = None          # fit_harness.StepWatch under --grad-accum/--activation-checkpointing: what ran
     checkpoint_path: Path | None = None
     step: int = 0                 # progress, for the report
     epochs_done: int = 0
     val: dict = field(default_factory=dict)
     best_val_acc: float | None = None
+
+    def ran(self) -> dict:
+        """The forward passes since the last call (their images, the blocks' forwards); {} without a watch."""
+        return self.watch.take() if self.watch is not None else {}
 
     def say(self, *parts) -> None:
         if self.rank == 0:
@@ -68,6 +73,14 @@ def plan_steps(args, steps_per_epoch: int) -> tuple[int, int]:
     if args.test:
         return math.ceil(args.test_nsteps / steps_per_epoch), args.test_nsteps
     return args.epochs, args.epochs * steps_per_epoch
+
+
+def last_batch_dropped(images: int, batch_size: int, micro_batches: int = 1) -> bool:
+    """Whether an epoch's incomplete last batch is left out: one of a single image would break BatchNorm ("expected
+    more than 1 value per channel"), and under --grad-accum K one that does not split into K equal micro-batches of
+    two images or more."""
+    rest = images % batch_size
+    return bool(rest) and (rest % micro_batches != 0 or rest // micro_batches < 2)
 
 
 def warmup_steps(args, steps_per_epoch: int) -> int:

@@ -11,7 +11,9 @@
   K micro-batches, as train_llm.py and fit_levers.py split it; `--activation-checkpointing`), a step costs K x the
   time of a micro-batch, and checkpointing one forward more: measured where the test ran the race's levers, else
   costed from the test's timings (`step_cost`: a micro-batch's time in proportion to its images, a lower bound; the
-  test's forward, or the stated STATED_RECOMPUTE); the plan says which;
+  test's forward, or the stated STATED_RECOMPUTE); the plan says which. What the test's levers did is read from its
+  record (`levers_ran`: each step's forward passes and block forwards, train_classifier.py running the student's
+  TP1.5 code): a lever asked for that did not run is named in the plan (TODO TP1.5), never costed as if it had;
 * startup: what the test spent outside its steps (process start to end − steps × step time): imports, the
   data set scan, the model, the first batches' allocations and warm-up;
 * validation: the whole val/ split every epoch, shared by the GPUs, at the test's forward time per batch
@@ -74,8 +76,9 @@ class TestRun:
     energy_source: str | None
     config: dict = field(default_factory=dict)
     argv: list = field(default_factory=list)
-    grad_accum: int = 1                   # micro-batches the test split each step's batch into (--grad-accum)
-    activation_checkpointing: bool = False
+    grad_accum: int = 1                   # micro-batches the test's steps ran (--grad-accum, as its record shows)
+    activation_checkpointing: bool = False  # the test's blocks recomputed in backward (as its record shows)
+    levers_not_run: list = field(default_factory=list)  # a lever asked for that the record shows did not run
 
     @property
     def micro_s(self) -> float:
@@ -114,6 +117,7 @@ def measure(run_id: str, runs_dir=None, val_images: int | None = None) -> TestRu
     checkpoint_s = float(saves["seconds"].max()) if "seconds" in saves and saves["seconds"].notna().any() else None
     startup = max(0.0, (usage.elapsed_s or 0.0) - steps * step_s - (checkpoint_s or 0.0))
     power = usage.energy_j / usage.gpu_seconds if usage.energy_j is not None and usage.gpu_seconds else None
+    k, recomputed, not_run = levers_ran(run.lines("step"), config)
     return TestRun(run_id=run.run_id, world_size=run.world_size, batch_size=int(config.get("batch_size") or 1),
                    step_s=float(step_s), t_data=float(summary.get("t_data") or 0.0),
                    t_forward=summary.get("t_forward") if is_number(summary.get("t_forward")) else None,
@@ -125,8 +129,31 @@ def measure(run_id: str, runs_dir=None, val_images: int | None = None) -> TestRu
                    checkpoint_s=checkpoint_s,
                    power_w=power, energy_source=usage.energy_source if power is not None else None,
                    config=config, argv=list(run.info.get("argv") or []),
-                   grad_accum=int(config.get("grad_accum") or 1),
-                   activation_checkpointing=bool(config.get("activation_checkpointing")))
+                   grad_accum=k, activation_checkpointing=recomputed, levers_not_run=not_run)
+
+
+def levers_ran(steps, config: dict) -> tuple[int, bool, list[str]]:
+    """(micro-batches a step ran, whether the blocks ran again in backward, a sentence for each lever asked for that did
+    not run), from the test's step lines: train_classifier.py records each step's forward passes and block forwards
+    under --grad-accum and --activation-checkpointing (the student's own TP1.5 code runs them)."""
+    k, checkpointing = int(config.get("grad_accum") or 1), bool(config.get("activation_checkpointing"))
+    if k == 1 and not checkpointing:
+        return 1, False, []
+    seen = steps.dropna(subset=["forward_images"]) if "forward_images" in steps else steps.iloc[0:0]
+    if seen.empty:
+        return k, checkpointing, ["the test's record shows no forward passes: whether its memory levers ran is not "
+                                  "known, so the plan takes them as asked"]
+    passes = seen["forward_images"].map(len)
+    not_run = []
+    if k > 1 and (passes == 1).all():
+        not_run.append(f"your accumulation ran the whole batch in one pass: TODO TP1.5 (accumulate_step in "
+                       f"fit_levers.py); --grad-accum {k} held the whole batch's activations, and the test's steps "
+                       "are whole-batch steps")
+    recomputed = checkpointing and bool((seen["block_forwards"] >= 2 * seen["blocks"] * passes).all())
+    if checkpointing and not recomputed:
+        not_run.append("your activation checkpointing recomputed nothing, each block ran once a pass: TODO TP1.5 "
+                       "(Checkpointed.forward in fit_levers.py); --activation-checkpointing kept every activation")
+    return int(passes.max()), recomputed, not_run
 
 
 @dataclass
@@ -304,7 +331,7 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
     if gpus < 1:
         raise RacePlanError(f"gpus={gpus}: at least one")
     wall, gpu_hours, words = budget(profile, gpus, budget_gpu_hours, budget_minutes)
-    notes = []
+    notes = list(test.levers_not_run)
     if gpus != test.world_size:
         notes.append(f"the test ran on {test.world_size} GPU(s), the race on {gpus}: the step time is taken as the "
                      "same (each GPU keeps its batch; communication may add to it)")
@@ -313,7 +340,8 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
     if test.batch_size % k:
         raise RacePlanError(f"--grad-accum {k}: the batch of {test.batch_size} per GPU does not split into {k} "
                             "micro-batches")
-    steps_per_epoch = test.steps_per_epoch if gpus == test.world_size else epoch_steps(test, gpus)
+    steps_per_epoch = test.steps_per_epoch if (gpus, k) == (test.world_size, test.grad_accum) else epoch_steps(
+        test, gpus, k)
     val_batches = math.ceil(math.ceil(test.val_images / gpus) / test.batch_size) if test.val_images else 0
     if test.t_forward is None and val_batches:
         notes.append("the test has no forward-pass timing: a validation batch is taken as a third of a step")
@@ -333,11 +361,13 @@ def make_plan(test: TestRun | str, *, gpus: int | None = None, budget_gpu_hours:
     return plan
 
 
-def epoch_steps(test: TestRun, gpus: int) -> int:
+def epoch_steps(test: TestRun, gpus: int, grad_accum: int = 1) -> int:
     """Optimizer steps per epoch on `gpus` GPUs, as train_classifier.py counts them (a DistributedSampler
-    shard per GPU; a last batch of one image is dropped, BatchNorm cannot take it)."""
+    shard per GPU; a last batch of one image is dropped, BatchNorm cannot take it, and under --grad-accum K one that
+    does not split into K equal micro-batches of two images or more: common/training_state.last_batch_dropped)."""
     if not test.train_images:
         return test.steps_per_epoch  # synthetic: --synthetic-steps, whatever the GPU count
     shard = math.ceil(test.train_images / gpus)
-    drop = test.drop_last or shard % test.batch_size == 1
+    rest = shard % test.batch_size
+    drop = test.drop_last or (rest and (rest % grad_accum or rest // grad_accum < 2))
     return shard // test.batch_size if drop else math.ceil(shard / test.batch_size)
