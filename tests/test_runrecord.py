@@ -61,3 +61,21 @@ def test_own_cpu_counts_descendants_this_process_never_waits_for():
         assert worker.is_alive() and summary["own_cpu_s"] >= 0.5, summary
     finally:
         worker.kill()
+
+
+def test_a_step_line_and_an_out_of_memory_end_read_as_the_analysis_reads_them(tmp_path):
+    """The one surface: step() writes what the analysis reads as a step, out_of_memory() the "oom" event and a
+    summary whose run the tables mark oom (the language model's status "oom", the classifier's "failed")."""
+    from dlokit.analysis.run import load_run
+
+    for run_id, status in (("llm", "oom"), ("classifier", "failed")):
+        record = RunRecorder({"batch_size": 8}, runs_dir=tmp_path, run_id=run_id)
+        record.step(step=1, t_step=0.5, t_data=0.1, batch_size=8)
+        record.out_of_memory("OutOfMemoryError: 2 GiB", status=status, event={"step": 2}, failed_step=2)
+        rank0 = read_rank(record.folder)
+        assert [(m["kind"], m.get("step")) for m in rank0["metrics"]] == [("step", 1), ("event", 2)]
+        assert rank0["metrics"][1] | {"time": 0} == {"kind": "event", "event": "oom", "error": "OutOfMemoryError: 2 GiB",
+                                                     "step": 2, "time": 0}
+        assert rank0["state"] == status and rank0["summary"]["oom"] is True and rank0["summary"]["failed_step"] == 2
+        run = load_run(run_id, runs_dir=tmp_path)
+        assert run.oom and run.error == "OutOfMemoryError: 2 GiB"

@@ -38,7 +38,6 @@ it is not part of any TP, you do not need to edit it.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -68,7 +67,8 @@ CHECKPOINTED_WAIT_S = 120.0  # after a signal's checkpoint, how long a rank wait
 
 
 class Instrument(Peers):
-    """The classifier's timings, memory, energy and run record; as a Peers, how its rank ends early."""
+    """The classifier's timings, memory, energy and run record; as a Peers, how its rank ends early. A layer over
+    RunRecorder (its step lines, its out-of-memory record) and StepClock, the surfaces every script shares."""
 
     def __init__(self, config: dict, *, rank: int, world_size: int, run_id: str, runs_dir, device,
                  start_step: int, total_steps: int, breakdown_every: int, print_every: int, say=print,
@@ -157,7 +157,7 @@ class Instrument(Peers):
                 "breakdown": timing.breakdown,
                 **({"t_period": round(timing.t_period, 6)} if timing.t_period is not None else {}),
                 **{k: v for k, v in info.items() if k not in ("epoch", "lr", "batch_size")}}
-        self.record.log("step", **line)
+        self.record.step(**line)
         if self.first_load is None:
             self.first_load = splits["data"]
         if timing.step > self.warmup_until:
@@ -319,10 +319,9 @@ class Instrument(Peers):
         print(f"train_classifier.py: rank {self.rank}: {text}", file=sys.stderr, flush=True)
         if self._claim_end():
             self._write(self.clock.ready())  # the step lines already timed; no waiting for the device
-            self.record.log("event", event="oom", error=text, step=self.step, batch_size=batch_size,
-                            gpu_mem_peak_mb=peak_gpu, host_rss_peak_mb=peak_host)
-            self.record.finish(status="failed", error=text, oom=True, failed_step=self.step,
-                               batch_size=batch_size, **self._early_summary())
+            self.record.out_of_memory(text, status="failed", event={"step": self.step, "batch_size": batch_size,
+                                      "gpu_mem_peak_mb": peak_gpu, "host_rss_peak_mb": peak_host},
+                                      failed_step=self.step, batch_size=batch_size, **self._early_summary())
             self._restore_signals()
         return self.failed(f"ran out of memory at {where} ({name})", oom=True)
 

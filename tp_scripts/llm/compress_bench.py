@@ -28,6 +28,7 @@ import warnings
 
 import torch
 
+from dlokit.in_job.measure import StepClock
 from dlokit.in_job.peers import leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
@@ -71,15 +72,20 @@ def parse_args(argv=None):
 
 def train(model, data, args, recorder):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    clock = StepClock(torch.device("cpu"))  # on the CPU every step is split: t_step, the step without its batch
     for step in range(args.train_steps):
-        began = time.perf_counter()
+        clock.start(step)
         inputs, targets = data.global_batch(step)
+        clock.split("data")
         loss = loss_fn(model(inputs), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        recorder.log("step", epoch=0, step=step + 1, loss=loss.item(), lr=args.lr, batch_size=args.batch_size,
-                     t_step=time.perf_counter() - began)
+        clock.split("optimizer")
+        clock.stop()
+        timing = clock.finished()
+        recorder.step(epoch=0, step=step + 1, loss=loss.item(), lr=args.lr, batch_size=args.batch_size,
+                      t_data=timing.splits["data"], t_step=timing.t_step)
         if (step + 1) % 50 == 0 or step + 1 == args.train_steps:
             print(f"[compress] step {step + 1:4d} loss {loss.item():.4f}", flush=True)
 

@@ -199,7 +199,14 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 class RunRecorder:
-    """Writes one rank's run record. Use as a context manager or call finish() yourself."""
+    """Writes one rank's run record: the one surface every script records through (the classifier's Instrument and
+    train_llm.py's Meter are thin layers over it). Use as a context manager or call finish() yourself.
+
+        record.step(step=.., t_step=.., ...)     # a training step's metrics line (kind "step")
+        record.log("event", event="resumed")     # any other line: events, validation, a bench's results
+        record.out_of_memory(text, ...)          # this rank ran out of memory: the "oom" event, then the summary
+        record.finish(status="completed", ...)   # summary.json, once
+    """
 
     def __init__(self, config: dict, *, rank: int = 0, world_size: int = 1, run_id: str | None = None,
                  runs_dir: str | os.PathLike | None = None, script: str | None = None, device=None,
@@ -248,6 +255,17 @@ class RunRecorder:
             self._metrics.flush()
         except OSError as err:
             raise _write_failed(self.folder / "metrics.jsonl", err) from None
+
+    def step(self, **fields) -> None:
+        """One training step's metrics line (kind "step"): what the analysis reads as a step."""
+        self.log("step", **fields)
+
+    def out_of_memory(self, error: str, *, status: str = "oom", event: dict | None = None, **summary) -> None:
+        """This rank ran out of memory: an "oom" event line (with `event`), then the summary with `oom: true`. Both
+        families end the same way: this record, then dlokit.in_job.peers.Peers.failed(..., oom=True), whose exit code
+        is jobenv.EXIT_OUT_OF_MEMORY. `status`: train_llm.py's records say "oom", the classifier's "failed"."""
+        self.log("event", event="oom", error=error, **(event or {}))
+        self.finish(status=status, error=error, oom=True, **summary)
 
     def finish(self, status: str = "completed", **summary) -> None:
         if self._metrics.closed:

@@ -16,7 +16,8 @@ from .model import count_params, flops_per_token
 
 
 class Meter:
-    """Turns each step's loss and section times into a metrics line, and the run into its summary."""
+    """Turns each step's loss and section times into a metrics line, and the run into its summary: train_llm.py's
+    layer over RunRecorder (run.recorder), as the classifier's Instrument is."""
 
     def __init__(self, run):
         self.run = run
@@ -55,7 +56,7 @@ class Meter:
                           pp_idle_fraction=idle if idle is not None else 1 - stats["busy_s"] / splits["fwd_bwd"])
             events = stats.get("events", [])
         self.energy.sample_power()
-        run.recorder.log("step", **fields)
+        run.recorder.step(**fields)
         for event in events:  # each micro-batch's forward/backward on this rank's stages, from the step's start
             run.recorder.log("pp_event", step=step + 1, **event)
         run.history.append(fields)
