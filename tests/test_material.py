@@ -169,6 +169,19 @@ def test_marker_less_module_kept_twice_is_reported(course):
     assert build(solutions, out) == [] and (out / "lib" / "plain.py").exists()  # not the build's file to remove
 
 
+def test_a_script_marked_copy_is_copied_whole_with_nothing_to_edit(course):
+    """A loop without a TODO that imports the student's files beside it (train_llm.py) is generated whole; without
+    the line it would be a module kept twice."""
+    root, solutions, out = course
+    (solutions / "loop.py").write_text('"""The loop."""\n# dlokit.material: copy\nimport marked\n')
+    assert "loop.py" in [p.name for p in build(solutions, out)]
+    text = (out / "loop.py").read_text()
+    assert "A COPY of loop.py, run with your files beside it: nothing to edit here." in text and "Copied from" in text
+    assert text.endswith('"""The loop."""\n# dlokit.material: copy\nimport marked\n') and stale(solutions, out) == []
+    (out / "loop.py").write_text("import marked\n")  # edited by hand: the build puts it back
+    assert stale(solutions, out) == [f"stale: {out / 'loop.py'} (from {solutions / 'loop.py'})"]
+
+
 def test_default_pairs_skip_missing_folders(tmp_path):
     assert DEFAULT_PAIRS == (("tp_scripts/solutions", "tp_scripts"), ("tp_scripts/llm/solutions", "tp_scripts/llm"))
     assert default_pairs(tmp_path) == []

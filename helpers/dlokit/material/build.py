@@ -1,7 +1,8 @@
 """build / check: write the student files from the solutions, or list what is out of date.
 
 Only files that carry solution markers (a `# >>> SOLUTION` block, or a notebook cell tagged `solution`)
-are generated. Everything else in a solutions folder is not copied: a module shared by the solution and
+are generated, and the scripts that must run beside the student's files (`# dlokit.material: copy`: train_llm.py
+imports your TP4.1-4.5 files), copied whole. Everything else in a solutions folder is not copied: a module shared by the solution and
 the student's copy (options, data, checkpoints, instrumentation) lives once, in the student folder
 (tp_scripts/), and the solution imports it from there.
 """
@@ -15,7 +16,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlokit.material.markers import has_markers, student_version
+from dlokit.material.markers import has_markers, is_copied, student_version
 from dlokit.material.notebooks import cell_is_marked, code_cells, student_notebook
 
 # (solutions, student folder) pairs built by default. The course's notebooks are written as they are given
@@ -66,10 +67,13 @@ def header(source: Path, target: Path, out: Path | None = None) -> str:
     text = source.read_text(encoding="utf-8")
     summary = _docstring(text).strip().split("\n")[0].rstrip(".")
     notebooks = declared_notebooks(text, root)  # the solution's docstring names them
-    lines = [f"YOUR COPY of {target.name}: the file you edit, where it says `# TODO TPx.y`.",
+    edited = has_markers(text)
+    lines = [f"YOUR COPY of {target.name}: the file you edit, where it says `# TODO TPx.y`." if edited
+             else f"A COPY of {target.name}, run with your files beside it: nothing to edit here.",
              *([f"What it does: {summary[0].lower()}{summary[1:]}."] if summary else []),
              *([f"Run by {' and '.join(notebooks)}."] if notebooks else []),
-             f"Reference solution: {solution} (dlokit.material.compare on this file shows what is left).",
+             f"Reference solution: {solution} (dlokit.material.compare on this file shows what is left)." if edited
+             else f"Copied from {solution}, the same code.",
              f"{GENERATED} from the solution: a rebuild overwrites this file (course authors edit the "
              "solution instead)."]
     lines = [part for line in lines for part in textwrap.wrap(line, 96, subsequent_indent="  ")]
@@ -110,7 +114,7 @@ def has_solution(path: Path) -> bool:
     try:
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".py":
-            return has_markers(text)
+            return has_markers(text) or is_copied(text)
         if path.suffix == ".ipynb":
             return any(cell_is_marked(cell) for cell in json.loads(text).get("cells", []))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):

@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+# A script without a marked block whose student copy must sit beside the student's files (it imports them): a line
+# `# dlokit.material: copy` anywhere in it has the build copy it whole, with a header saying there is nothing to edit.
+COPY = re.compile(r"^[ \t]*#\s*dlokit\.material:\s*copy\b")
 START = re.compile(r"^(?P<indent>[ \t]*)#\s*>>>\s*SOLUTION\b\s*(?P<label>[^:]*?)\s*(?::\s*(?P<text>.*?))?\s*$")
 STUDENT = re.compile(r"^[ \t]*#\s*---\s*STUDENT\b")
 END = re.compile(r"^[ \t]*#\s*<<<\s*SOLUTION\b")
@@ -44,6 +47,11 @@ class Block:
 
 def has_markers(text: str) -> bool:
     return any(START.match(line) or END.match(line) for line in text.splitlines())
+
+
+def is_copied(text: str) -> bool:
+    """A script the build copies whole to the student folder (`# dlokit.material: copy`)."""
+    return any(COPY.match(line) for line in text.splitlines())
 
 
 def parse_blocks(lines: list[str], source: str = "<text>") -> list[Block]:

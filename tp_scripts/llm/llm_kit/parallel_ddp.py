@@ -1,7 +1,7 @@
 """Data parallelism, the baseline: every rank holds the whole model, gradients are all-reduced.
 
 ZeRO stage 1 keeps this layout and shards only the optimizer states over the replicas: see
-build_optimizer in train_llm.py (torch.distributed.optim.ZeroRedundancyOptimizer).
+build_optimizer in zero1_optimizer.py (TP4.1: torch.distributed.optim.ZeroRedundancyOptimizer).
 """
 from torch.nn.parallel import DistributedDataParallel
 

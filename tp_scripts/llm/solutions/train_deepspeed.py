@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import sys
-import traceback
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -28,8 +27,8 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepClock, peak_gpu_memory_mb, peak_rss_mb
-from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
+from dlokit.in_job.measure import StepClock
+from dlokit.in_job.peers import Peers, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
 from llm_kit.data import TokenBatches
@@ -37,7 +36,7 @@ from llm_kit.memory_meter import DeepSpeedMemory
 from llm_kit.llm_options import parse_args as train_llm_options
 from llm_kit.meter import Meter
 from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
-from llm_kit.ranks_done import ranks_done
+from llm_kit.ranks_done import leave_on_error, ranks_done
 
 BUCKET_SHARE = 32  # DeepSpeed's reduce bucket: 5e8 elements by default, a 14th of a 7 B model; here a 32nd of ours
 
@@ -124,18 +123,8 @@ def main(argv=None) -> int:
     try:
         train(args, config, env, device, recorder, deepspeed)
         dist.barrier()
-    except Exception as error:
-        message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        if is_out_of_memory(error):
-            recorder.finish(status="oom", error=message, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
-                            host_rss_peak_mb=peak_rss_mb())
-            leave_now(peers.failed(f"ran out of memory: {message}", oom=True))
-        code = peers.peer_stop_code()
-        if code is not None:
-            leave_now(code)
-        traceback.print_exc()
-        recorder.finish(status="failed", error=message)
-        leave_now(peers.failed(f"failed: {message}"))
+    except Exception as error:  # train_llm.py's way out: out of memory (exit 3), stopped by another rank, or failed
+        leave_on_error(error, recorder, peers, script="train_deepspeed", what=f" at ZeRO stage {args.zero_stage}")
     peers.stop_watching()
     return ranks_done()
 

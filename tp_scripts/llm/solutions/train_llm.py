@@ -25,7 +25,6 @@ Exit codes: 0 done (or cleanly skipped), 1 failed, 2 bad arguments, 3 out of mem
 from __future__ import annotations
 
 import sys
-import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -34,8 +33,8 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepClock, peak_gpu_memory_mb, peak_rss_mb
-from dlokit.in_job.peers import Peers, is_out_of_memory, leave_now
+from dlokit.in_job.measure import StepClock
+from dlokit.in_job.peers import Peers, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
 # The shared modules: the package llm_kit (tp_scripts/llm/llm_kit, installed with the kit: found from solutions/ too).
@@ -50,12 +49,15 @@ from llm_kit.meter import Meter
 from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
 from llm_kit.parallel_dims import ParallelDims
 from llm_kit.parallelize import YourModules, parallelize
-from llm_kit.ranks_done import ranks_done
+from llm_kit.ranks_done import leave_on_error, ranks_done
 
-# Your files beside this script (TP4.2, TP4.4, TP4.5), handed to parallelize: the shared package never imports them.
+# Your files beside this script (TP4.1, TP4.2, TP4.4, TP4.5): the optimizer, and the layouts handed to parallelize (the
+# shared package never imports them). This loop has nothing to edit: the build copies it beside them.
+# dlokit.material: copy
 import parallel_cp
 import parallel_fsdp
 import parallel_tp_scratch
+from zero1_optimizer import build_optimizer, checkpointed
 
 YOURS = YourModules(fsdp=parallel_fsdp, tp_scratch=parallel_tp_scratch, cp=parallel_cp)
 
@@ -83,15 +85,9 @@ def main(argv=None) -> int:
         status = train(args, config, dims, env, device, recorder)
         if dist.is_initialized():
             dist.barrier()  # every rank is done; a failure before this point is still watched
-    except Exception as error:
-        if is_out_of_memory(error):
-            out_of_memory(error, args, env, device, recorder, peers)
-        code = peers.peer_stop_code()  # this rank's collective may have failed because another one stopped
-        if code is not None:
-            leave_now(code)
-        traceback.print_exc()
-        recorder.finish(status="failed", error=f"{type(error).__name__}: {error}")
-        leave_now(peers.failed(f"failed: {type(error).__name__}: {error}"))
+    except Exception as error:  # out of memory (exit 3), stopped by another rank, or failed: recorded, then left
+        leave_on_error(error, recorder, peers, script="train_llm",
+                       what=f" in mode {args.mode} with config {args.config}")
     peers.stop_watching()
     return ranks_done(status)  # every watcher has stopped before any rank leaves
 
@@ -107,16 +103,6 @@ def start_record(args, config, degrees, env, device) -> RunRecorder:
               f"degrees={degrees} run={run_id}", flush=True)
     return RunRecorder(config_record, rank=env.rank, world_size=env.world_size, run_id=run_id,
                        runs_dir=args.runs_dir, script="train_llm.py", device=device)
-
-
-def out_of_memory(error, args, env, device, recorder, peers):
-    message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-    print(f"[train_llm] rank {env.rank}: OUT OF MEMORY in mode {args.mode} with config {args.config}: "
-          f"{message}", file=sys.stderr, flush=True)
-    recorder.log("event", event="oom", error=message)
-    recorder.finish(status="oom", error=message, gpu_mem_peak_mb=peak_gpu_memory_mb(device),
-                    host_rss_peak_mb=peak_rss_mb())
-    leave_now(peers.failed(f"ran out of memory: {message}", oom=True))
 
 
 # ---- one run: parallelize, optimizer, resume, steps, checkpoint, summary --------------------------
@@ -187,28 +173,6 @@ def choose_context_parallel_attention(run, mesh) -> str | None:
         run.recorder.finish(status="skipped", reason=reason)
     run.extra_summary.update(cp_attention=attention, cp_attention_reason=reason)
     return attention
-
-
-def build_optimizer(args, modules, dims, dp_group):
-    params = [p for module in modules for p in module.parameters()]
-    adamw = {"lr": args.lr, "weight_decay": args.weight_decay, "betas": (0.9, 0.95)}
-    if dims.zero1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer  # a second to import: only where it is used
-
-        # >>> SOLUTION TP4.1: ZeRO-1: each replica keeps the AdamW states (2 x 4 bytes a weight) of its share of the weights only
-        # ZeroRedundancyOptimizer gives each rank a partition of the parameters; after the all-reduced
-        # gradients, each rank updates its partition and broadcasts the new weights to the others.
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **adamw)
-        # --- STUDENT
-        # return torch.optim.AdamW(params, **adamw)
-        # <<< SOLUTION
-    return torch.optim.AdamW(params, **adamw)
-
-
-def checkpointed(optimizer):
-    """What the checkpoint saves of the optimizer: ZeRO-1's own partition (its inner AdamW), under the
-    weights' full names; DCP puts the partitions of every rank together."""
-    return optimizer.optim if type(optimizer).__name__ == "ZeroRedundancyOptimizer" else optimizer
 
 
 def resume(run) -> int:
