@@ -9,9 +9,10 @@ The optimiser, schedule, precision and augmentation choices are read from the sc
 (tp_scripts/common/train_options.py), so the form offers exactly what the script accepts. The precision, memory
 layout, DataLoader and optimiser fields start from what the week chose (the day's `carried` options: Day 1, Day 2,
 Day 3). The memory levers keep a batch that does not fit, at the price of time: `--grad-accum K` runs each GPU's
-batch as K micro-batches (the memory of one, K smaller passes; as train_llm.py and fit_levers.py split it),
-`--activation-checkpointing` recomputes the forward in backward (less memory, one forward more); race.planner costs
-both (step_cost). A script without these options has them greyed.
+batch as K micro-batches (the memory of one, K smaller passes), `--activation-checkpointing` recomputes each residual
+block in backward (less memory, one forward more); train_classifier.py runs both through the student's own TP1.5 code
+(fit_levers.py), and race.planner costs them from what the test job's record shows ran (step_cost, levers_ran). A
+script without these options has them greyed.
 """
 from __future__ import annotations
 
