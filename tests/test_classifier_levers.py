@@ -159,3 +159,13 @@ def test_an_epochs_last_batch_is_kept_only_when_it_splits_into_the_micro_batches
                         persistent_workers=False, num_workers=0, drop_last=False, checkpoint_s=None, power_w=None,
                         energy_source=None)
     assert race.planner.epoch_steps(test, 1, k) == (images // batch if dropped else -(-images // batch))
+
+
+def test_accumulation_composes_with_autocast_mixup_and_channels_last(runs, tiny):
+    """The whole batch is mixed, converted to NHWC, then split: each micro-batch's forward under autocast (bf16 on the
+    CPU: no loss scaler there), the soft targets split with it."""
+    record, = train(runs, "k2-mixed", tiny, "--model", "resnet18", "--grad-accum", 2, "--amp", "bf16",
+                    "--augment", "mixup", "--channels-last")
+    observed = record["run"]["observed"]
+    assert observed["amp_dtype"] == "bfloat16" and observed["channels_last_input"] and observed["augment_on_device"]
+    assert all(s["forward_images"] == [4, 4] and s["loss"] > 0 for s in steps(record))
