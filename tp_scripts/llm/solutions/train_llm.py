@@ -14,10 +14,11 @@
 The Day 4 script. `--mode` names a set of parallel degrees
 (pp, dp_replicate, dp_shard, cp, tp: parallel_dims.py); parallelize.py applies them to the plain
 model (model.py) on one device mesh, in torchtitan's order. main() lists what happens, train() the
-steps of a run, train_step() one optimizer step. Beside this script, in tp_scripts/llm/: llm_options.py
-(every option, checked against the world size before any process group starts), meter.py (each step's
-metrics line and the run's summary), the model, the data, checkpoints, each parallelism's module,
-memory_meter.py (what each rank holds, from its tensors) and collectives.py (which collectives a step issues). Every mode can save a checkpoint
+steps of a run, train_step() one optimizer step. Beside this script: your zero1_optimizer.py (TP4.1) and
+parallel_*.py; in llm_kit/: llm_options.py (every option, checked against the world size before any process group
+starts), meter.py (each step's metrics line and the run's summary), the model, the data, checkpoints, each
+parallelism's module, memory_meter.py (what each rank holds, from its tensors) and collectives.py (which collectives a
+step issues). Every mode can save a checkpoint
 (--checkpoint-dir) and resume from one saved by any other (--resume): DCP reshards.
 Exit codes: 0 done (or cleanly skipped), 1 failed, 2 bad arguments, 3 out of memory on this rank
 (recorded as status "oom"), 4 stopped because another rank failed (status "aborted", with its cause).
