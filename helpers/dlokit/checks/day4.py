@@ -53,7 +53,7 @@ def sharded_memory(ddp_id, zero1_id, fsdp_id):
     zero = part("ZeRO-1", PASSED if zero_share < SHARDED else FAILED,
                 f"optimizer states per rank: {zero_share:.2f} of DDP's on {ranks} ranks (ideal 1/{ranks})"
                 + ("" if zero_share < SHARDED else " — the optimizer is not sharded: build ZeroRedundancyOptimizer "
-                   "for --mode zero1 (TODO TP4.1 in train_llm.py)"))
+                   "for --mode zero1 (TODO TP4.1 in zero1_optimizer.py)"))
     shard = part("FSDP", PASSED if fsdp_share < SHARDED else FAILED,
                  f"parameters + gradients + optimizer states per rank: {fsdp_share:.2f} of DDP's (ideal 1/{ranks})"
                  + ("" if fsdp_share < SHARDED else f" — {FSDP_TODO}"))
