@@ -232,3 +232,25 @@ def test_a_class_of_thirty_reads_in_a_terminal(tmp_path):
     assert max(len(line) for line in text.splitlines()) <= 120
     assert all(f"student{s:02d}" in text for s in range(30)) and all(tp in text for tp in tps)
     assert len(text.splitlines()) < 120  # two blocks of the grid, then the totals: not one line per student x TP
+
+
+def test_the_report_reads_each_job_s_expectation_from_its_card(workspace):
+    """Four students' TP2.3 demonstrations (real jobs, their cards under --logs, no notebook): alice's failed as its
+    card expects (by design), bob's failed with no expectation (a failure), carol's was meant to fail and trained,
+    her untouched DDP TODO on 2 ranks (stuck, the TODO named), dave's trained with no expectation (done)."""
+    from test_day_jobs import RAISES, TRAINS_WITHOUT_DDP, WHY, job
+
+    ids = [job(workspace, "alice", RAISES, {"FAILED": WHY}, student="alice"),
+           job(workspace, "bob", RAISES, None, student="bob"),
+           job(workspace, "carol", TRAINS_WITHOUT_DDP, {"FAILED": WHY}, student="carol"),
+           job(workspace, "dave", TRAINS_WITHOUT_DDP, None, student="dave")]
+    assert [o.state for o in dlokit.wait(ids, timeout_s=240)] == ["FAILED", "FAILED", "COMPLETED", "COMPLETED"]
+    table = classroom.class_report(workspace / "runs", workspace / "jobs")
+    rows = {row.student: row for row in table.itertuples()}
+    assert {s: (r.status, r.completed, r.failed, r.by_design) for s, r in rows.items()} == {
+        "alice": ("✅", 0, 0, 1), "bob": ("❌", 0, 1, 0), "carol": ("❌", 0, 1, 0), "dave": ("✅", 1, 0, 0)}
+    assert rows["carol"].stuck_on == (f"job {ids[2]} COMPLETED: the course expected this job to end FAILED ({WHY}): it "
+                                      "completed because DDP is not set up: its 2 ranks each trained their own copy of "
+                                      "the model, so none waited for another — TODO TP2.2")
+    assert rows["bob"].stuck_on.startswith(f"job {ids[1]} FAILED: RuntimeError: Expected to have finished reduction")
+

@@ -26,10 +26,10 @@ RAISES = """
 """
 
 
-def job(folder, name: str, body: str, expected: dict | None, tag: str = "TP2.3") -> str:
+def job(folder, name: str, body: str, expected: dict | None, tag: str = "TP2.3", student: str = "alice") -> str:
     script = folder / f"{name}.py"
     script.write_text(textwrap.dedent(body))
-    [job_id] = dlokit.gpu_jobs_submitter(str(script), name="alice", time_max="00:02:00", tag=tag, expected=expected,
+    [job_id] = dlokit.gpu_jobs_submitter(str(script), name=student, time_max="00:02:00", tag=tag, expected=expected,
                                          verbose=False)
     return job_id
 

@@ -27,7 +27,9 @@ causes, GPU-hours and energy. Where each comes from:
   memory, a trial the HPO pruner stopped) is counted by design, not failed, when it ended as its job card expects
   (`day.submit(..., expected={state: why})` stores it there; --logs), or when the day's check (checks.day_jobs)
   listed it among those that failed as meant: its result's `by_design` job ids, stored in the executed notebook,
-  for that student's jobs (data, never a line of text read back);
+  for that student's jobs (data, never a line of text read back). A demonstration that did not end as its card
+  expects (it completed) is a failure, with what it was meant to show and, where its record says, the TODO that
+  made it complete (checks.glance.completed_because: Day 2's find_unused run without DDP, TODO TP2.2);
 * a failure's cause: the line that says what went wrong (the exception's message, not the hints printed under it),
   from the run record's error first, else from the scheduler's word (dlokit.job_outcome);
 * GPU-hours and energy: dlokit.in_job.energy (elapsed x devices; NVML, RAPL or n/a).
@@ -51,6 +53,7 @@ import pandas as pd
 
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
+from .checks.glance import completed_because
 from .in_job.energy import jobs_usage
 from .submission.jobs import SILENT_END, BadCard, card_outcome, load_card, record_refused
 from .analysis.race_history import SEGMENT, base_id
@@ -70,7 +73,8 @@ LEGEND = f"{DONE} done  {STUCK} stuck  {NOT_APPLICABLE} not applicable here  {RU
 def _job(student, tp, job_id, state, cause, usage, submitted=0.0, error="") -> dict:
     """One job: `cause` the scheduler's word (or the record's error), `error` the run record's own."""
     return {"student": student or "(no name)", "tp": tp or UNTAGGED, "job_id": job_id, "state": state,
-            "cause": cause, "usage": usage, "submitted": submitted, "error": error, "by_design": False}
+            "cause": cause, "usage": usage, "submitted": submitted, "error": error, "by_design": False,
+            "missed": False}
 
 
 def _unix(stamp) -> float:
@@ -134,6 +138,11 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
         job["submitted"] = card.submitted_at if isinstance(card.submitted_at, (int, float)) else job["submitted"]
         job["state"], job["cause"] = state, cause or job["cause"]
         job["by_design"] = job["by_design"] or meant  # its card expected this end (a pruned HPO trial, a demo)
+        ends = card.expected if isinstance(card.expected, dict) else {}
+        if ends and state not in ACTIVE and state not in ends and state != "UNKNOWN":  # a demo that did not fail
+            job["missed"] = True
+            because = completed_because(card.job_id, runs_dir) if state in ENDED_WELL else ""
+            job["cause"] = f"{job['cause']}: it completed because {because}" if because else job["cause"]
         if job["tp"] == UNTAGGED and card.extra.get("tag"):
             job["tp"] = card.extra["tag"]
 
@@ -260,7 +269,9 @@ def headline(job: dict) -> str:
 
 
 def _failed(job: dict) -> bool:
-    return job["state"] not in ENDED_WELL and job["state"] not in ACTIVE and not job["by_design"]
+    """A job that did not end as it should: it failed, or it was meant to fail and did not (a demonstration)."""
+    ended_badly = job["state"] not in ENDED_WELL or job.get("missed")
+    return ended_badly and job["state"] not in ACTIVE and not job["by_design"]
 
 
 def _status(jobs: list[dict], checks: list[dict]) -> tuple[str, str]:
@@ -316,7 +327,7 @@ def summary(jobs: dict[str, dict], checks: list[dict]) -> pd.DataFrame:
             "checks": "; ".join(f"{c['mark']} {c['check']}" for c in group["checks"]),
             "checks_passed": sum(c["status"] == "passed" for c in group["checks"]),
             "checks_failed": sum(c["status"] == "failed" for c in group["checks"]),
-            "jobs": len(done), "completed": sum(j["state"] in ENDED_WELL for j in done),
+            "jobs": len(done), "completed": sum(j["state"] in ENDED_WELL and not j.get("missed") for j in done),
             "failed": len(failed), "by_design": sum(j["by_design"] for j in done),
             "running": sum(j["state"] in ACTIVE for j in done),
             "failures": " | ".join(f"{j['job_id']} {j['state']}: {headline(j)}" for j in failed),
@@ -353,7 +364,7 @@ def stuck(table: pd.DataFrame) -> pd.DataFrame:
 def job_detail(jobs: dict[str, dict]) -> pd.DataFrame:
     """One row per job: its student, TP, state (by design or not) and cause, its GPU-hours and energy."""
     rows = [{"student": j["student"], "tp": j["tp"], "job_id": j["job_id"], "state": j["state"],
-             "by_design": j["by_design"], "cause": headline(j) if j["state"] not in ENDED_WELL else "",
+             "by_design": j["by_design"], "cause": headline(j) if _failed(j) or j["state"] not in ENDED_WELL else "",
              "whole_cause": "\n".join(t for t in (j["error"], j["cause"]) if t),
              "gpu_hours": round(j["usage"].gpu_hours or 0.0, 6) if j["usage"] else 0.0,
              "energy": j["usage"].energy_text if j["usage"] and j["usage"].energy_wh is not None else "n/a"}

@@ -50,15 +50,15 @@ def _wrong_line(outcome, meant: tuple, card) -> str:
             + (f" because {because}" if because else ": was the demonstration's option changed?"))
 
 
-def completed_because(job_id: str) -> str:
+def completed_because(job_id: str, runs_dir=None) -> str:
     """Why a job meant to fail completed, when its run record shows a TODO left untouched; "" when it shows none:
     several ranks without DistributedDataParallel (TP2.2's TODO) wait for nothing, so a demonstration of what DDP
-    refuses (TP2.3's blocks without gradients) trains."""
+    refuses (TP2.3's blocks without gradients) trains. `runs_dir`: the class report's (default: the profile's)."""
     from dlokit.analysis import load_run
     from dlokit.submission.profiles import current_profile
 
     try:
-        run = load_run(str(job_id), current_profile().runs)
+        run = load_run(str(job_id), runs_dir or current_profile().runs)
     except (OSError, ValueError):
         return ""
     if run.world_size > 1 and observed(run).get("ddp_wrapped") is False:
