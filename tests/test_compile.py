@@ -69,10 +69,18 @@ def needs_compiler():
         pytest.skip(problem)
 
 
-def test_compiled_function_agrees_with_eager_and_its_compile_time_is_recorded_apart(tmp_path):
+@pytest.fixture(scope="module")
+def function_runs(tmp_path_factory) -> Path:
+    """One run of the small function, eager and compiled (skipped with its reason where no C++ compiler is), read by
+    the two tests below: every run also records the control-flow example (trace and script)."""
+    runs = tmp_path_factory.mktemp("function")
+    bench(runs, "fn", *SMALL_FUNCTION, "--variants", "eager,compile-default")
+    return runs
+
+
+def test_compiled_function_agrees_with_eager_and_its_compile_time_is_recorded_apart(function_runs):
     needs_compiler()
-    bench(tmp_path, "fn", *SMALL_FUNCTION, "--variants", "eager,compile-default")
-    found = results(tmp_path, "fn")
+    found = results(function_runs, "fn")
     eager, compiled = found["function", "eager"], found["function", "compile-default"]
     for line in (eager, compiled):
         assert line["status"] == "ok" and all(line[k] >= 0 for k in TIMES)
@@ -86,12 +94,11 @@ def test_compiled_function_agrees_with_eager_and_its_compile_time_is_recorded_ap
     assert compiled["t_first"] > compiled["t_step"]
 
 
-def test_a_trace_replays_the_branch_of_its_example_and_a_script_keeps_the_if(tmp_path):
-    bench(tmp_path, "branch", *SMALL_FUNCTION, "--variants", "eager")
-    table = analysis.control_flow_table("branch", tmp_path).set_index("variant")
+def test_a_trace_replays_the_branch_of_its_example_and_a_script_keeps_the_if(function_runs):
+    table = analysis.control_flow_table("fn", function_runs).set_index("variant")
     assert table.loc["trace", "same_as_eager_on_example"] and not table.loc["trace", "same_as_eager_on_other_branch"]
     assert table.loc["script", "same_as_eager_on_example"] and table.loc["script", "same_as_eager_on_other_branch"]
-    summary = read_rank(tmp_path / "branch" / "rank0")["summary"]
+    summary = read_rank(function_runs / "fn" / "rank0")["summary"]
     assert [line["variant"] for line in summary["control_flow"]] == ["trace", "script"]
 
 
