@@ -406,7 +406,11 @@ def test_out_of_memory_on_one_rank_stops_every_rank_and_says_why(tmp_path):
 def test_out_of_memory_in_one_process_exits_with_its_code(tmp_path):
     result = launch(tmp_path, "oom-single", COMMON + ["--steps", "2"], check=False, oom_at="0:1")
     assert result.returncode == 3 and "OUT OF MEMORY" in result.stderr
-    assert summary(tmp_path, "oom-single")["status"] == "oom"
+    ended = summary(tmp_path, "oom-single")
+    assert ended["status"] == "oom" and ended["oom"] is True  # RunRecorder.out_of_memory, as the classifier's
+    lines = [json.loads(line) for line in (tmp_path / "runs" / "oom-single" / "rank0" / "metrics.jsonl").open()]
+    assert [line["event"] for line in lines if line["kind"] == "event"] == ["oom"]
+    assert lines[-1]["error"] == ended["error"] and "out of memory" in ended["error"]
 
 
 # ---- the rest ----
