@@ -313,6 +313,44 @@ def test_successive_halving_stops_more_than_hyperband_on_the_same_draws_and_the_
             hpo.open_study("bad", storage_dir=tmp_path, pruner="hyperband", **kwargs)
 
 
+def test_pruners_replayed_on_full_runs_stop_what_they_would_have_stopped_live(tmp_path):
+    """Four trials trained to their last epoch once (pruner "none"), each reporting less than the one before it:
+    replayed under each pruner, successive halving stops every trial but the first at its first rung, as it does on
+    live trials (the test above), Hyperband fewer; the replays keep the runs' draws, curves and jobs, and the check
+    says the pruners judged the same curves. A failed trial is copied as it ended."""
+    full = hpo.open_study("curves", storage_dir=tmp_path, sampler="random", pruner="none")
+    for k in range(4):
+        trial = full.ask()
+        trial.suggest_float("lr", 0.01, 0.2, log=True)
+        trial.set_user_attr("job_id", f"job-{k}")
+        for epoch in range(1, 5):
+            trial.report(0.5 - 0.1 * k - 0.01 * epoch, epoch)
+            assert not trial.should_prune()
+        full.tell(trial, 0.5 - 0.1 * k - 0.04)
+    failed_trial = full.ask()
+    failed_trial.suggest_float("lr", 0.01, 0.2, log=True)
+    full.tell(failed_trial, state=TrialState.FAIL)
+
+    replays = {name: hpo.replay(full, name, reduction_factor=2, max_epochs=4)
+               for name in ("successive-halving", "hyperband")}
+    states = {name: [t.state for t in study.trials] for name, study in replays.items()}
+    assert states["successive-halving"] == [TrialState.COMPLETE] + [TrialState.PRUNED] * 3 + [TrialState.FAIL]
+    assert states["hyperband"].count(TrialState.PRUNED) < 3, states
+    sh = replays["successive-halving"]
+    assert [t.params for t in sh.trials] == [t.params for t in full.trials]
+    assert [t.user_attrs.get("job_id") for t in sh.trials[:4]] == [f"job-{k}" for k in range(4)]
+    assert sh.trials[0].value == full.trials[0].value and sh.trials[1].user_attrs["pruned_at_epoch"] == 1
+    assert sum(len(t.intermediate_values) for t in sh.trials[:4]) == 4 + 3 < 16  # epochs it would have run
+    result = checks.pruners(replays)
+    assert result.status == "passed", result
+    assert "replayed the trials of study 'curves'" in result.part("same curves").message
+    assert "successive-halving: 3 of 5 pruned, 7 epochs it would have run" in result.part("stopped").message
+    assert "0.160 (trial 3)" in result.part("had they run on").message  # 0.5 - 0.3 - 0.04: where its run ended
+    figure = samplers.pruned_figure(replays)
+    assert "7 of the 16 epochs trained" in figure.axes[0].get_title()
+    assert len([line for line in figure.axes[0].lines if line.get_linestyle() == ":"]) == 3  # where each went on
+
+
 def test_no_study_is_refused_with_what_to_give():
     for view in (samplers.compare_studies, samplers.history_figure, samplers.sampled_figure):
         with pytest.raises(ValueError, match="name: study"):

@@ -435,6 +435,43 @@ def _check_run_arguments(make_options, command, n_trials, n_parallel, metric, po
                         f"the job options are {', '.join(sorted(known))}")
 
 
+def replay(study: optuna.Study, pruner, *, reduction_factor: int = 3, max_epochs: int | None = None) -> optuna.Study:
+    """What `pruner` would have stopped among `study`'s trials, each trained to its last epoch once (a study run
+    with pruner="none"): a new in-memory study replays every trial's reported values, epoch by epoch and in the order
+    the trials were made, under `pruner`. The same draws and the same curves: only the pruner differs, so several
+    pruners compare on one training budget. A trial the pruner stops keeps the epochs reported up to there (what it
+    would have spent) and its whole curve in the user attribute `full_curve` (what it would have reached); one it
+    lets through keeps the run's value and job. A trial that did not complete in `study`
+    is copied as it ended."""
+    name = pruner if isinstance(pruner, str) else type(pruner).__name__
+    replayed = optuna.create_study(study_name=f"{study.study_name}-replay-{name}",
+                                   direction=study.direction.name.lower(),
+                                   sampler=optuna.samplers.RandomSampler(seed=0),
+                                   pruner=_pruner(pruner, reduction_factor, max_epochs))
+    replayed.set_user_attr("metric", study.user_attrs.get("metric", "val_acc"))
+    replayed.set_user_attr("replayed_from", study.study_name)
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    replayed.set_user_attr("trained_epochs", sum(len(t.intermediate_values) for t in trials))
+    for source in trials:
+        if source.state != TrialState.COMPLETE:
+            replayed.add_trial(source)
+            continue
+        replayed.enqueue_trial(source.params)
+        trial = replayed.ask(fixed_distributions=source.distributions)
+        for key, value in source.user_attrs.items():
+            trial.set_user_attr(key, value)
+        for epoch in sorted(source.intermediate_values):
+            trial.report(source.intermediate_values[epoch], epoch)
+            if trial.should_prune():
+                trial.set_user_attr("pruned_at_epoch", epoch)
+                trial.set_user_attr("full_curve", {str(e): v for e, v in source.intermediate_values.items()})
+                replayed.tell(trial, state=TrialState.PRUNED)
+                break
+        else:
+            replayed.tell(trial, source.value)
+    return replayed
+
+
 def run_study(study: optuna.Study, make_options, command: str, *, n_trials: int = 4, n_parallel: int = 1,
               name: str = "hpo", metric: str = "val_acc", poll_s: float = 2.0, verbose: bool = True,
               **submit_options):

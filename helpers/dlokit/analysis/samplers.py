@@ -150,8 +150,8 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
 
 def pruned_figure(studies: dict):
     """Each trial's reported value per epoch, one panel per study (the same draws under each pruner): a completed
-    trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it; a trial has one
-    colour in every panel."""
+    trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it (on a replay,
+    hpo.replay, a faint dotted line goes on to where that run went); a trial has one colour in every panel."""
     _at_least_one(studies)
     figure, axes = new_figure(1, len(studies), size=(5 * len(studies), 3.6), sharex=True, sharey=True)
     for ax, (name, study) in zip(axes[0], studies.items()):
@@ -166,11 +166,17 @@ def pruned_figure(studies: dict):
             ax.plot(steps, values, "--" if pruned else "-", marker="o", markersize=3, color=colour)
             if pruned:
                 ax.plot(steps[-1], values[-1], "x", color=colour, markersize=9, mew=2)
+                rest = sorted((int(e), v) for e, v in trial.user_attrs.get("full_curve", {}).items()
+                              if int(e) >= steps[-1])  # a replay: where the stopped run went on to
+                if len(rest) > 1:
+                    ax.plot(*zip(*rest), ":", color=colour, alpha=0.4)
             ax.annotate(f"{trial.number}", (steps[-1], values[-1]), xytext=(4, 0), textcoords="offset points",
                         fontsize=7, color=colour)
         pruned = sum(t.state == TrialState.PRUNED for t in trials)
         epochs = sum(len(t.intermediate_values) for t in trials)
-        ax.set_title(f"{name}\n{pruned} of {len(trials)} trials pruned, {epochs} epochs run", fontsize=9)
+        trained = study.user_attrs.get("trained_epochs")
+        spent = f"{epochs} of the {trained} epochs trained" if trained else f"{epochs} epochs run"
+        ax.set_title(f"{name}\n{pruned} of {len(trials)} trials pruned, {spent}", fontsize=9)
         ax.set_xlabel("epoch")
         if not any(t.intermediate_values for t in trials):
             ax.text(0.5, 0.5, "no trial reported an epoch", transform=ax.transAxes, ha="center", fontsize=8)

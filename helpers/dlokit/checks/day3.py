@@ -126,7 +126,9 @@ def hpo(study):
     distinct = {tuple(sorted(t.params.items())) for t in trials if t.params}
     search = part("search", PASSED if len(distinct) > 1 or len(trials) == 1 else FAILED,
                   f"{len(distinct)} distinct option sets over {len(trials)} trials")
-    pruning = part("pruning", INFO, f"{pruned} trial(s) pruned, their jobs cancelled early")
+    pruning = part("pruning", INFO, f"{pruned} trial(s) pruned, " + (
+        "replayed on runs trained to their last epoch" if study.user_attrs.get("replayed_from") else
+        "their jobs cancelled early"))
     best = study.best_trial  # the study's direction: highest accuracy, or lowest loss
     return from_parts([search, pruning, _drawn(trials)],
                       f"{len(done)} trials completed, best {best.value:.3f} with {best.params}", details)
@@ -198,10 +200,35 @@ def pruners(studies: dict):
                    f"the first {shortest} trials drew the same options in every study" if same else
                    "the studies drew different options (a study resumed after a stop draws on from its seed): "
                    "the comparison mixes the pruners' effect with the draws'")
-        yield part("stopped", INFO, "; ".join(f"{r.study}: {r.pruned} of {r.trials} pruned, {r.epochs_run} epochs run"
+        sources = {study.user_attrs.get("replayed_from") for study in studies.values()}
+        replayed = sources != {None}
+        if replayed:  # hpo.replay: the pruners judged the same trained curves
+            one = len(sources) == 1 and None not in sources
+            source = min(sources, key=str)
+            yield part("same curves", PASSED if one else INFO,
+                       f"every pruner replayed the trials of study {source!r}, each trained to its last epoch once: "
+                       "only the pruner differs" if one else
+                       "the studies replayed different runs: the comparison mixes the pruners' effect with the runs'")
+        if replayed:
+            yield part("had they run on", INFO, "; ".join(_stopped_finals(name, study) for name, study in studies.items()))
+        yield part("stopped", INFO, "; ".join(f"{r.study}: {r.pruned} of {r.trials} pruned, {r.epochs_run} epochs "
+                                              f"{'it would have run' if replayed else 'run'}"
                                               for r in table.itertuples()))
 
     return _side_by_side(studies, f"{len(studies)} pruners on the same draws and budget", pruning)
+
+
+def _stopped_finals(name: str, study) -> str:
+    """On a replay: where the stopped trials' runs ended, beside the best completed trial (one run each: read, not
+    ranked)."""
+    finals = {t.number: t.user_attrs["full_curve"][max(t.user_attrs["full_curve"], key=int)]
+              for t in study.trials if t.state.name == "PRUNED" and t.user_attrs.get("full_curve")}
+    done = [t.value for t in study.trials if t.state.name == "COMPLETE" and t.value is not None]
+    if not finals:
+        return f"{name}: stopped no trial"
+    best = f", the best completed {max(done):.3f}" if done else ""
+    return (f"{name}: its stopped trials' runs ended at " + ", ".join(f"{v:.3f} (trial {n})" for n, v in finals.items())
+            + best)
 
 
 @check("TP3.3 compilation")
