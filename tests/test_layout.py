@@ -264,14 +264,12 @@ def test_a_definition_in_a_cell_is_found():
 def test_every_script_records_its_steps_and_its_out_of_memory_through_the_one_surface():
     """RunRecorder.step is the one way to write a training step's line, RunRecorder.out_of_memory the one way to record
     a rank out of memory (then Peers.failed's exit code); measure.StepClock the one step clock (StepTimer is gone)."""
-    not_yet = {"fit_levers.py"}  # TP1.5: records its OOM by hand (its owner moves it onto out_of_memory)
     code_files = [p for folder in ("tp_scripts", "helpers") for p in (REPO / folder).rglob("*.py")
                   if p.name != "runrecord.py"]
     assert code_files
     for path in code_files:
         code = path.read_text()
         assert not re.search(r"""\.log\(\s*["']step["']""", code), f"{path}: a step line not written by .step()"
-        if path.name not in not_yet:
-            assert not re.search(r"""event=["']oom["']""", code), f"{path}: an OOM not recorded by .out_of_memory()"
+        assert not re.search(r"""event=["']oom["']""", code), f"{path}: an OOM not recorded by .out_of_memory()"
         assert "StepTimer" not in code, f"{path}: a second step clock"
         assert "class StepClock" not in code or path.name == "measure.py", f"{path}: a second StepClock"

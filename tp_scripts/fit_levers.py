@@ -31,7 +31,6 @@ runs out of memory says so in its record (status "oom", exit code 3). Run by not
 """
 import contextlib
 import sys
-import time
 from functools import partial
 
 import torch
@@ -41,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dlokit.in_job import rank as job
 from dlokit.in_job.jobenv import EXIT_OUT_OF_MEMORY
+from dlokit.in_job.measure import StepClock
 from dlokit.in_job.peers import is_out_of_memory, leave_now
 
 # The shared modules: the package common/ (tp_scripts/common, installed with the kit under that name).
@@ -117,8 +117,7 @@ def main(argv=None) -> int:
         message = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
         print(f"fit_levers.py: out of memory, levers {args.levers}, batch {args.batch_size}: {message}",
               file=sys.stderr, flush=True)
-        record.log("event", event="oom", error=message)
-        record.finish(status="oom", error=message, oom=True, **limit)
+        record.out_of_memory(message, **limit)
         return EXIT_OUT_OF_MEMORY
     record.finish(steps=args.steps, timed=timed, norm_lesson=lesson, **limit)
     job.destroy_process_group()
@@ -133,7 +132,7 @@ def arm(lever: str, args, classes: int, device) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = partial(accumulated_step, micro_batches=args.micro_batches) if lever == "accumulate" else plain_step
     return {"step": step, "watch": watch, "meter": TensorMemory(model, optimizer), "model": model,
-            "optimizer": optimizer}
+            "optimizer": optimizer, "clock": StepClock(device, breakdown_every=1)}
 
 
 def time_arms(arms: dict, batches, args, record) -> dict:
@@ -142,12 +141,12 @@ def time_arms(arms: dict, batches, args, record) -> dict:
     for index, (images, labels) in enumerate(batches):
         counted = index in (0, len(batches) - 1)
         for lever, a in arms.items():
-            synchronize(images.device)
-            started = time.perf_counter()
+            a["clock"].start(index)  # every step a breakdown step: it starts and ends on a synchronised device
             with a["meter"].step() if counted else contextlib.nullcontext(), device_peak(images.device) as peak:
                 loss = a["step"](a["model"], a["optimizer"], nn.functional.cross_entropy, images, labels)
-            synchronize(images.device)
-            seconds = time.perf_counter() - started
+            a["clock"].split("step")
+            a["clock"].stop()
+            seconds = a["clock"].finished().t_step
             counts = {**a["meter"].mib(), **peak} if counted else {}
             record.log("lever_step", lever=lever, step=index, timed=not counted, t_step=seconds,
                        loss=float(loss.detach()), grad_norm=grad_norm(a["model"]), **counts, **a["watch"].take())
@@ -170,11 +169,6 @@ def norm_lesson(norm: str, args, classes: int, device, batches, record) -> int:
                    grad_norm_plain=grad_norm(models["plain"]), grad_norm_accumulate=grad_norm(models["accumulate"]),
                    **watch.take())
     return min(args.norm_steps, len(batches))
-
-
-def synchronize(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 if __name__ == "__main__":
