@@ -43,12 +43,20 @@ DAY3_TINY = {"MODEL": "resnet18", "IMAGE_SIZE": 32, "TRAIN_PER_CLASS": 8, "VAL_P
              "READ_WORKERS": [0, 1], "READ_BATCHES": 100, "HPO_TRIALS": 2, "HPO_EPOCHS": 2, "PRUNE_TRIALS": 2, "PRUNE_EPOCHS": 2,
              "REFRESH_S": 1,
              "NICKNAME": "nbtest"}
+# The untouched TODOs fail at any size: the fewest range-test trials the check takes (3), of SGD only (one training at
+# its found lr). TP3.1's trainings keep 2 epochs: a one-epoch run is refused its warm-up.
+DAY3_STUDENT = {**DAY3_TINY, "LR_FINDER_TRIALS": 3, "LR_FINDER_OPTIMIZERS": ["sgd"]}
 # TP4.1's layouts without fsdp-keep, and TP4.6 on those plus a pipeline: what each mode computes against one
 # process is tests/test_day4_parallel.py's (every mode); here the notebook's path through the check and the views.
 DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
              "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
              "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "COMPILE_REPEATS": 1, "REFRESH_S": 1,
              "SCAN_BATCHES": [64, 128, 256], "COMM_MAX_MIB": 1, "PAPER_GPUS": [8, 64], "NICKNAME": "nbtest"}
+# The untouched TODOs fail their checks at any size: the student run keeps one job where the solution needs several
+# (the scan's DDP bracketed by 64 and 128, one lever, one ZeRO stage beside the offloaded one, the planner's pick and
+# its slowest)
+DAY4_STUDENT = {**DAY4_TINY, "LOSS_MODES": ["tp-scratch"], "SCAN_BATCHES": [64, 128], "SCAN_LEVERS": [["--cpu-offload"]],
+                "DS_STAGES": [2], "PLAN_TOP": 1, "COMPRESS_STEPS": 2}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1}
@@ -319,7 +327,7 @@ def test_day3_local_solutions(isolated):
 def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
-    results, probe, _ = execute(DAY3, isolated, {**DAY3_TINY, "SCRIPTS": str(student)},
+    results, probe, _ = execute(DAY3, isolated, {**DAY3_STUDENT, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"read_formats": sorted(analysis.read_table(read_job[0])'
                                                            '["format"].unique()), "compile_verdicts": [v.as_json() for v '
                                                            'in lessons.compile_verdicts(compile_job[0], '
@@ -401,7 +409,7 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
     student_copy(REPO / "tp_scripts" / "llm", student / "llm")
-    results, probe, _ = execute(DAY4, isolated, {**DAY4_TINY, "SCRIPTS": str(student), "LOSS_MODES": ["tp-scratch"]},
+    results, probe, _ = execute(DAY4, isolated, {**DAY4_STUDENT, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"oom_states": [dlokit.job_outcome(j).state for j in oom_jobs]'))
     found = by_check(results)
     for name, todo in (("TP4.1 memory per rank", "TODO TP4.1"), ("TP4.2 FSDP2 shards the model", "TODO TP4.2"),
