@@ -71,3 +71,14 @@ def test_plans_on_paper_at_each_gpu_count_shown_under_one_index(day):
     shown = layout_planner.shown_by_gpus(plans, top=3)
     assert shown.index.names == ["GPUs", "row"] and sorted(set(shown.index.get_level_values(0))) == [8, 16]
     assert len(shown.loc[8]) == 3
+
+
+def test_each_mode_and_each_planned_layout_at_the_days_sizes(day):
+    runs = [shlex.split(c) for c in day.mode_runs(["ddp", "fsdp-keep"], "--data", "text", "--grad-norm")]
+    assert runs == [shlex.split(day.command("ddp", "--data", "text", "--grad-norm")),
+                    shlex.split(day.command("fsdp-keep", "--data", "text", "--grad-norm"))]
+    assert runs[1][1:4] == ["--mode", "fsdp", "--no-reshard-after-forward"]
+    planned = day.layout_runs([["--mode", "tp"], ["--mode", "pp", "--microbatches", "2"]], steps=8)
+    assert [shlex.split(c)[1:] for c in planned] == [
+        ["--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "8", "--mode", "tp"],
+        ["--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "8", "--mode", "pp", "--microbatches", "2"]]
