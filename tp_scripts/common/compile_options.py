@@ -85,6 +85,11 @@ def resolve_variants(text: str, device) -> list[str]:
             *NUMPY_VARIANTS, FUSED, FROZEN]
 
 
+def compiles(variant: str) -> bool:
+    """A variant that runs through torch.compile (its make_variant calls compile_with)."""
+    return variant.startswith("compile-") or variant == "numpy-compile"
+
+
 def applying_to(part: str, variants) -> list[str]:
     """The variants that apply to a part: NumPy's to the function only, fused to the optimizer only, compile-frozen
     to inference only, TorchScript to all but the optimizer step."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
-from .compile_options import applying_to
+from .compile_options import applying_to, compiles
 from .compile_support import CUDA_GRAPH_MODES, use_fresh_cache
 
 RTOL, ATOL = 1e-3, 1e-5  # "agrees with eager": |variant - eager| <= ATOL + RTOL * |eager|, element by element
@@ -97,8 +97,7 @@ def is_compiled(fn) -> bool:
 
 
 def skip_reason(variant: str, device, compiler_problem) -> str | None:
-    compiles = variant.startswith("compile-") or variant == "numpy-compile"
-    if compiles and compiler_problem:
+    if compiles(variant) and compiler_problem:
         return compiler_problem
     if variant.removeprefix("compile-") in CUDA_GRAPH_MODES and device.type != "cuda":
         return f"{variant}: CUDA graphs replay GPU work, there is none on the CPU"

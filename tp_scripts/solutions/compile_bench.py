@@ -23,7 +23,7 @@ from dlokit.in_job import rank as job
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
 # The shared package common/ (tp_scripts/common, installed with the kit: found from solutions/ too).
-from common.compile_options import FROZEN, config, parse_args, resolve_variants
+from common.compile_options import FROZEN, compiles, config, parse_args, resolve_variants
 from common.compile_parts import bench_function, bench_inference, bench_model, bench_optimizer, trace_pitfall
 from common.compile_support import compiler_startup, inductor_cache_dir, missing_compiler
 from common.compile_timing import Bench
@@ -70,12 +70,11 @@ def main(argv=None) -> int:
         f"{' (DDP)' if env.world_size > 1 else ''} | variants {', '.join(variants)}")
     if compiler_problem:
         say(f"compile variants skipped: {compiler_problem}")
-    startup = None
-    if args.fresh_cache and not compiler_problem and any(v.startswith("compile-") or v == "numpy-compile"
-                                                         for v in variants):
-        startup = compiler_startup(device)
-        say(f"the compiler's one-off start-up (its modules, its first C++ build): {startup:.1f} s, paid before "
-            "the variants, so that none of them pays it")
+    startup = {"compiler_startup_s": None}
+    if args.fresh_cache and not compiler_problem and any(map(compiles, variants)):
+        startup = compiler_startup(device, variants, make_variant)
+        say(startup.get("compiler_startup_skipped") or "the compiler's one-off start-up (its modules, its first C++ "
+            f"build): {startup['compiler_startup_s']:.1f} s, paid before the variants, so that none of them pays it")
     bench = Bench(args, variants, device, env.world_size, compiler_problem, record, say, make_variant)
     results = []
     if "model" in args.parts:
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
     control_flow = trace_pitfall(bench)
     record.finish(results=results, control_flow=control_flow, compile_unavailable=compiler_problem,
                   inductor_cache_dir=inductor_cache_dir(), world_size=env.world_size, ddp=env.world_size > 1,
-                  compiler_startup_s=startup)
+                  **startup)
     job.destroy_process_group()
     return 0
 
