@@ -92,3 +92,49 @@ def test_checkpointing_costs_one_forward_more_measured_or_stated():
     assert off.step_s == pytest.approx(TEST.step_s - TEST.t_forward) and "checkpointing off" in off.formula()
     measured = plan(["--activation-checkpointing"], replace(TEST, activation_checkpointing=True))
     assert measured.step_s == TEST.step_s and "measured: the test ran these levers" in measured.formula()
+
+
+def race_run(runs: Path, levers: dict, steps: list[dict]):
+    """A race run's record as train_classifier.py writes it (its config's levers, its step lines: forward passes and
+    block forwards on the metric steps only), read back as the race check reads it."""
+    from dlokit.in_job.runrecord import RunRecorder
+
+    record = RunRecorder({"model": "resnet18", "batch_size": 8, **levers}, run_id="race1", runs_dir=runs,
+                         script="train_classifier.py")
+    for index, fields in enumerate(steps):
+        record.step(step=index, loss=2.0, t_step=0.1, **fields)
+    record.finish(steps=len(steps))
+    return race.history("race1", runs)
+
+
+BLOCKS = 8  # a ResNet-18's residual blocks
+
+
+def test_the_race_check_shows_what_the_levers_did_and_names_the_todo_when_one_did_not_run(tmp_path):
+    from dlokit.checks.race import levers_part
+
+    assert levers_part(race_run(tmp_path / "none", {}, [{}, {}])) is None  # no lever asked: no part
+    # the untouched TP1.5: --grad-accum 4 ran the whole batch in one pass, the blocks once
+    untouched = race_run(tmp_path / "untouched", {"grad_accum": 4, "activation_checkpointing": True},
+                         [{"forward_images": [8], "block_forwards": BLOCKS, "blocks": BLOCKS}, {}])
+    shown = levers_part(untouched)
+    assert shown.status == "failed" and shown.message.count("TODO TP1.5") == 2
+    assert "accumulation ran the whole batch in one pass" in shown.message and "accumulate_step" in shown.message
+    assert "Checkpointed.forward" in shown.message
+    # solved: 4 micro-batches of 2, every block forward twice a pass (once more in backward)
+    solved = race_run(tmp_path / "solved", {"grad_accum": 4, "activation_checkpointing": True},
+                      [{"forward_images": [2, 2, 2, 2], "block_forwards": 2 * BLOCKS * 4, "blocks": BLOCKS}, {},
+                       {"forward_images": [2, 2, 2, 2], "block_forwards": 2 * BLOCKS * 4, "blocks": BLOCKS}])
+    shown = levers_part(solved)
+    assert shown.status == "passed" and "TODO" not in shown.message
+    assert "--grad-accum 4: 4 forward passes a step (2+2+2+2 images on rank 0)" in shown.message
+    assert "ran forward again in backward" in shown.message and "over 2 recorded steps" in shown.message
+    # accumulation solved, checkpointing not: only the checkpointing named
+    half = race_run(tmp_path / "half", {"grad_accum": 4, "activation_checkpointing": True},
+                    [{"forward_images": [2, 2, 2, 2], "block_forwards": BLOCKS * 4, "blocks": BLOCKS}])
+    shown = levers_part(half)
+    assert shown.status == "failed" and "Checkpointed.forward" in shown.message
+    assert "accumulate_step" not in shown.message
+    # a record without the step fields: not known, said, not judged
+    older = levers_part(race_run(tmp_path / "older", {"grad_accum": 2}, [{}, {}]))
+    assert older.status == "info" and "not known" in older.message

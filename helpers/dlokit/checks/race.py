@@ -1,5 +1,5 @@
-"""The Imagenet Race check: the run completed within its budget, validated every epoch on the held-out split,
-and its leaderboard entry matches its record.
+"""The Imagenet Race check: the run completed within its budget, validated every epoch on the held-out split, its
+memory levers (if it asked for any) ran, and its leaderboard entry matches its record.
 
     board = race.Leaderboard(profile=day.profile)
     checks.race(job_id, board)      # ✅, or ❌ with what to do
@@ -63,6 +63,41 @@ def validation_part(found):
     return part("validation", PASSED, f"all {len(wanted)} epochs validated on the held-out split {val_dir}{size}")
 
 
+def levers_part(found):
+    """What the memory levers the run asked for did, read from its own step lines (every segment's; train_classifier.py
+    records a step's forward passes and block forwards under --grad-accum and --activation-checkpointing): None when
+    it asked for none."""
+    import pandas as pd
+
+    from dlokit.race.planner import levers_ran
+
+    config = found.segments[0].config
+    asked_k, asked_checkpointing = int(config.get("grad_accum") or 1), bool(config.get("activation_checkpointing"))
+    if asked_k == 1 and not asked_checkpointing:
+        return None
+    steps = pd.concat([run.lines("step") for run in found.segments], ignore_index=True)
+    seen = steps.dropna(subset=["forward_images"]) if "forward_images" in steps else steps.iloc[0:0]
+    if seen.empty:
+        return part("memory levers", INFO, "the run's steps record no forward passes: what its levers did is not known")
+    k, recomputed, _ = levers_ran(steps, config)
+    said, not_run = [], []
+    if asked_k > 1 and k == 1:
+        not_run.append(f"your accumulation ran the whole batch in one pass: TODO TP1.5 (accumulate_step in "
+                       f"fit_levers.py); --grad-accum {asked_k} held the whole batch's activations")
+    elif asked_k > 1:
+        images = "+".join(str(n) for n in seen["forward_images"].iloc[0])
+        said.append(f"--grad-accum {asked_k}: {k} forward passes a step ({images} images on rank 0), one optimizer step")
+    if asked_checkpointing and not recomputed:
+        not_run.append("your activation checkpointing recomputed nothing, each block ran once a pass: TODO TP1.5 "
+                       "(Checkpointed.forward in fit_levers.py); --activation-checkpointing kept every activation")
+    elif asked_checkpointing:
+        said.append("--activation-checkpointing: every block ran forward again in backward (its activations "
+                    "recomputed, not kept)")
+    if not_run:
+        return part("memory levers", FAILED, "; ".join(not_run))
+    return part("memory levers", PASSED, "; ".join(said) + f" (over {len(seen)} recorded steps)")
+
+
 def leaderboard_part(board, job_id: str):
     """(the part, the run's rank on the board or None)."""
     table = board.table()  # the verified entries only
@@ -98,7 +133,8 @@ def race(job_id, board=None):
     used = found.usage.gpu_hours or 0.0
     completed = part("completed", PASSED, f"completed in {len(found.segments)} segment(s)")
     leaderboard, rank = leaderboard_part(board, found.job_id)
-    parts = [completed, budget_part(used, board.budget_gpu_hours, plan), validation_part(found), leaderboard]
+    parts = [completed, budget_part(used, board.budget_gpu_hours, plan), validation_part(found), levers_part(found),
+             leaderboard]
     budget = board.budget_gpu_hours
     message = (f"best top-1 {found.best_top1 or 0:.3f} in {len(found.val)} epochs, {used:.3g} GPU-hours"
                + (f" of {budget:.3g}" if math.isfinite(budget) else "") + f", rank {rank} on the leaderboard")
