@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..submission import jobs
 from . import probe_jobs, scheduler
 from .probe_jobs import Refused, said, submit_probe, wait
 from .report import CHECKS, FAILED, course_summary, failed, not_checked
@@ -57,24 +58,41 @@ def _jobs(profile, gpus: int, data: str, show, out) -> None:
     except Refused as err:
         show(failed("job", f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name)))
         return
+    sleeper = _time_limit_job(profile)  # it takes a minute: the 1-task job and the others run during it
     [outcome] = wait([card])
     env = probe_jobs.env_findings(profile, card, outcome, token, paths)
     show(*env)
     if outcome.state != "COMPLETED" or any(f.status == FAILED for f in env):
+        if isinstance(sleeper, jobs.JobCard) and not jobs.job_outcome(sleeper.job_id).finished:
+            jobs.cancel(sleeper.job_id)  # (a 1-task job queued past the time limit: the sleeper already ended)
         return  # every other job would meet the same problem
     show(scheduler.accounting(profile, card.scheduler_id))
     job_gpus = said(card)[0].get("gpus", 0)  # what the 1-task job saw
-    _the_rest(profile, gpus, data, job_gpus, show, out)
+    _the_rest(profile, gpus, data, job_gpus, sleeper, show, out)
 
 
-def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
-    """Every other job at once (the time limit's first: it takes a minute); findings in report.CHECKS' order."""
-    limit = "00:01:00" if profile.backend == "slurm" else "00:00:15"  # Slurm counts whole minutes
+def time_limit(profile) -> str:
+    return "00:01:00" if profile.backend == "slurm" else "00:00:15"  # Slurm counts whole minutes
+
+
+def _time_limit_job(profile):
+    """A job that sleeps past its time limit, submitted right after the 1-task job (not behind it); its finding when
+    it is not accepted."""
+    try:
+        return submit_probe(profile, "sleep", "600", n_gpu=1, time_max=time_limit(profile))
+    except Refused as err:
+        return failed("time limit", f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name))
+
+
+def _the_rest(profile, gpus: int, data: str, job_gpus: int, sleeper, show, out) -> None:
+    """Every other job at once, while the time limit's job (`sleeper`, already submitted) sleeps its minute;
+    findings in report.CHECKS' order."""
+    limit = time_limit(profile)
     nodes = scheduler.nodes_in_partition(profile) if profile.backend == "slurm" else 1
-    plans = {"time limit": ("sleep", ["600"], 1, limit), "cancel": ("sleep", ["600"], 1, "00:05:00"),
+    plans = {"cancel": ("sleep", ["600"], 1, "00:05:00"),
              "2 tasks": ("ranks", [], gpus, "00:05:00"), "compile": ("compile", [], 1, "00:10:00"),
              "data": ("data", [data, str(GENERATED)], 1, "00:05:00")}
-    cards, found = {}, {}
+    cards, found = ({"time limit": sleeper}, {}) if isinstance(sleeper, jobs.JobCard) else ({}, {"time limit": sleeper})
     machine = profile.node_gpus() if profile.backend != "slurm" else None  # this machine's GPUs, or CPU processes
     if machine is not None and machine < gpus:  # nothing to ask: the job could never start here
         del plans["2 tasks"]
@@ -95,7 +113,8 @@ def _the_rest(profile, gpus: int, data: str, job_gpus: int, show, out) -> None:
             cards[check] = submit_probe(profile, kind, *args, n_gpu=n, time_max=time_max)
         except Refused as err:
             found[check] = failed(check, f"not accepted: {err}", probe_jobs.refusal_fix(str(err), profile.name))
-    out(f"… {len(cards)} jobs at once; the one that sleeps past its {limit} time limit ends last")
+    out(f"… {len(cards)} jobs at once; the one that sleeps past its {limit} time limit (submitted with the first) "
+        "ends last")
     if "cancel" in cards:
         found["cancel"] = probe_jobs.cancel_finding(cards.pop("cancel"))
     outcomes = dict(zip(cards, wait(list(cards.values()))))
