@@ -195,7 +195,11 @@ def control_flow_text(job_id, runs_dir=None) -> str:
 
 
 def startup_text(job_id, runs_dir=None) -> str:
-    """The compiler's one-off start-up that compile_bench.py timed before its variants; empty when it timed none."""
-    startup = load_run(job_id, runs_dir).summary.get("compiler_startup_s")
+    """The compiler's one-off start-up that compile_bench.py timed before its variants; why it timed none (no
+    variant compiles: TODO TP3.3), or empty when the record says neither."""
+    summary = load_run(job_id, runs_dir).summary
+    startup = summary.get("compiler_startup_s")
+    if not startup:
+        return str(summary.get("compiler_startup_skipped") or "")
     return (f"the compiler's one-off start-up (its modules, its first C++ build) took {startup:.1f} s, paid before "
-            "the variants; each variant's compile time below starts from an empty kernel cache") if startup else ""
+            "the variants; each variant's compile time below starts from an empty kernel cache")
