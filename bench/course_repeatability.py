@@ -3,6 +3,7 @@ per TP, the verdict of each run.
 
     python bench/course_repeatability.py --runs 3 --out /tmp/repeat       # about 10 minutes a run on 2 cores
     python bench/course_repeatability.py --runs 3 notebooks/day4_large_models.ipynb     # one day only
+    python bench/course_repeatability.py --runs 3 --reuse CLONE/output CLONE/notebooks/runs   # course.sh's as run 1
 
 Each run is `python -m dlokit.course` (every day, then the race) with its own run records and job logs, as a
 fresh clone would have. Read back from the executed notebooks: every check's status (and its judged parts), every
@@ -84,22 +85,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/dlokit-repeatability"))
+    parser.add_argument("--reuse", nargs=2, action="append", default=[], metavar=("NOTEBOOKS", "RUNS"),
+                        help="a course already run (e.g. by scripts/course.sh on a fresh clone: CLONE/output and "
+                             "CLONE/notebooks/runs), counted as one of the runs")
     parser.add_argument("notebooks", nargs="*", help="default: the whole course (e.g. notebooks/day4_large_models.ipynb)")
     args = parser.parse_args(argv)
     table: dict[str, list[str]] = defaultdict(lambda: [""] * args.runs)
     walls, marks = [], []
     for k in range(args.runs):
-        out = args.out / f"run{k + 1}"
-        out.mkdir(parents=True, exist_ok=True)
-        walls.append(run_course(out, args.notebooks))
-        notebooks = sorted((out / "notebooks").glob("*.ipynb"))
+        if k < len(args.reuse):
+            executed, runs = (Path(p) for p in args.reuse[k])
+            walls.append(float("nan"))
+        else:
+            out = args.out / f"run{k + 1}"
+            out.mkdir(parents=True, exist_ok=True)
+            walls.append(run_course(out, args.notebooks))
+            executed, runs = out / "notebooks", out / "runs"
+        notebooks = sorted(executed.glob("*.ipynb"))
         marks.append(sum(crosses(nb) for nb in notebooks))
         for notebook in notebooks:
             for key, verdict in conclusions(notebook).items():
                 table[key][k] = verdict
-        for key, value in choices(out / "runs").items():
+        for key, value in choices(runs).items():
             table[key][k] = value
-        print(f"run {k + 1}: {walls[-1]:.0f} s, {len(table)} conclusions so far, ❌ shown: {marks[-1]}", flush=True)
+        print(f"run {k + 1}: {walls[-1]:.0f} s{' (reused)' if k < len(args.reuse) else ''}, {len(table)} conclusions "
+              f"so far, ❌ shown: {marks[-1]}", flush=True)
     differing = [key for key, values in table.items() if len(set(values)) > 1]
     lines = [f"{args.runs} runs of `python -m dlokit.course` on the solutions; wall time per run: "
              + ", ".join(f"{w:.0f} s" for w in walls) + f"; ❌ shown per run: {marks}", "",
@@ -111,6 +121,7 @@ def main(argv=None) -> int:
               + (f"; differing: {', '.join(differing)}" if differing else "")]
     report = "\n".join(lines)
     print(report)
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "repeatability.md").write_text(report + "\n")
     failed_jobs = [key for key, values in table.items() if "the day's jobs" in key and set(values) != {"passed"}]
     return 1 if differing or any(marks) or failed_jobs else 0
