@@ -148,6 +148,13 @@ def sampled_figure(studies: dict, x: str = "lr", y: str = "batch_size"):
     return figure
 
 
+def trial_colour(index: int):
+    """One of ten distinct colours (the ggplot style's cycle has seven: trials 0 and 7 would share one)."""
+    import matplotlib
+
+    return matplotlib.colormaps["tab10"](index)
+
+
 def pruned_figure(studies: dict):
     """Each trial's reported value per epoch, one panel per study (the same draws under each pruner): a completed
     trial's line is solid, a pruned one's dashed and ends with a cross where its pruner stopped it (on a replay,
@@ -162,7 +169,7 @@ def pruned_figure(studies: dict):
                 continue
             values = [trial.intermediate_values[s] for s in steps]
             pruned = trial.state == TrialState.PRUNED
-            colour = f"C{trial.number % 10}"
+            colour = trial_colour(trial.number % 10)
             ax.plot(steps, values, "--" if pruned else "-", marker="o", markersize=3, color=colour)
             if pruned:
                 ax.plot(steps[-1], values[-1], "x", color=colour, markersize=9, mew=2)
