@@ -39,7 +39,8 @@ def test_plan_ranks_only_layouts_that_fit_and_previews_the_first(gpus, capsys, t
     usable = layout_planner.usable_gib(80, gpus)
     variants = {v.name: v for base in layout_planner.base_layouts(gpus) for v in layout_planner.with_levers(base)}
     ranked, steps = zip(*_ranked(out, variants))
-    assert len(ranked) >= 5 and list(steps) == sorted(steps)
+    assert len(ranked) >= 5  # by step time, but for ties (layout_planner.TIE): none ranks above a faster one
+    assert all(a <= b * (1 + layout_planner.TIE) for i, a in enumerate(steps) for b in steps[i + 1:])
     for name in ranked:  # the memory model, asked again for each layout the ranking lists
         record = layout_planner._record(CONFIG, variants[name], 64, 2048, "bf16")
         assert layout_planner.need_gib(record, cuda=True) <= usable, name

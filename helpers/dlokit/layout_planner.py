@@ -37,6 +37,11 @@ GIB = memory_model.GIB
 # buffers (parallel jobs) come off first, then a share for the caching allocator's fragmentation (dlokit.gpu_plan's).
 MARGIN = {"cuda_context_gib": 1.0, "nccl_gib": 1.0, "allocator_share": 0.10}
 ACCUMULATIONS = (1, 2, 4)
+# Predicted steps this close are a tie for the step model (its inputs, the bench's bus bandwidths and the measured
+# peak, are not known closer): within a tie the simpler layout ranks first (fewer levers, then base_layouts' order,
+# DDP first), so that a rerun's slightly different bandwidths do not swap the pick between two layouts it cannot tell
+# apart. (Session 21: PP gpipe m=2 predicted 0.8 % faster than DDP in one course run, 0.5 % slower in the next.)
+TIE = 0.10
 # Cluster targets on paper, from the datasheets: MFU's dense peaks (tp_scripts/llm/llm_kit/mfu.py), the GPU's NVLink
 # (per direction: NVLink 4 on H100 SXM 900 GB/s both ways, NVLink 3 on A100 SXM 600), one InfiniBand NIC per GPU
 # (DGX H100: ConnectX-7 NDR 400 Gb/s = 50 GB/s; DGX A100: HDR 200 Gb/s = 25 GB/s) and PCIe to the host (Gen5 x16
@@ -174,10 +179,11 @@ def need_gib(record: dict, cuda: bool) -> float:
 def plan(config, *, world: int, memory_gib: float, hardware: Hardware, batch_size: int, seq_len: int,
          dtype: str = "fp32", levers: bool = True) -> pd.DataFrame:
     """Every layout on `world` ranks at a global batch of `batch_size` x `seq_len`: its memory per rank, predicted
-    step time (and its parts), tokens/s; `rank` 1, 2 ... by step time among those within `memory_gib` per rank."""
+    step time (and its parts), tokens/s; `rank` 1, 2 ... by step time among those within `memory_gib` per rank, the
+    simpler first among steps within TIE of each other (column `tie`)."""
     config = dict(config) if isinstance(config, dict) else asdict(config)
     rows = []
-    for base in base_layouts(world):
+    for order, base in enumerate(base_layouts(world)):
         for layout in with_levers(base) if levers else [base]:
             record = _record(config, layout, batch_size, seq_len, dtype)
             if record is None:
@@ -189,18 +195,32 @@ def plan(config, *, world: int, memory_gib: float, hardware: Hardware, batch_siz
                          "memory_gib": need, "fits": need <= memory_gib, "step_s": t.total, "compute_s": t.compute,
                          "exposed_comm_s": t.exposed, "bubble_s": t.bubble, "offload_s": t.offload,
                          "tokens_per_s": batch_size * seq_len / t.total, "levers": layout.name.count(" + ") - base.name.count(" + "),
-                         "layout_object": layout})
+                         "order": order, "layout_object": layout})
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    # equal times: the fewer levers first (the model gives accumulation no cost, a smaller matmul has one)
     table = table.sort_values(["fits", "step_s", "levers"], ascending=[False, True, True],
+                              kind="stable").reset_index(drop=True)
+    table["tie"] = ties(table["step_s"], table["fits"])
+    # within a tie the simpler first (fewer levers: the model gives accumulation no cost, a smaller matmul has one)
+    table = table.sort_values(["fits", "tie", "levers", "order", "step_s"], ascending=[False, True, True, True, True],
                               kind="stable").reset_index(drop=True)
     table.insert(0, "rank", [i + 1 if fit else None for i, fit in enumerate(table["fits"])])
     table["rank"] = table["rank"].astype("Int64")
     table.attrs.update(hardware=hardware.name, basis=hardware.basis, world=world, memory_gib=memory_gib,
                        batch_size=batch_size, seq_len=seq_len, dtype=dtype)
     return table
+
+
+def ties(steps: pd.Series, fits: pd.Series) -> list[int]:
+    """A tie number per row (rows sorted by step time, those that fit first): each tie starts at the fastest step not
+    yet in one and holds every step within TIE of it."""
+    found, tie, start = [], -1, None
+    for step, fit in zip(steps, fits):
+        if start is None or step > start * (1 + TIE) or not fit:
+            tie, start = tie + 1, step
+        found.append(tie)
+    return found
 
 
 def best_per_layout(table: pd.DataFrame) -> pd.DataFrame:

@@ -111,7 +111,8 @@ def make_plan(args) -> tuple[pd.DataFrame, list, str]:
         f"basis of every number ({'measured: ' + measured if measured else 'nothing measured'}):",
         f"  step time: {hardware.basis}",
         "    = compute (FLOPs / peak) + exposed communication (bytes / bus bandwidth) + pipeline bubble (+ offload);",
-        "    not counted: kernel launches, matmuls below the peak, the optimizer step, the data (a lower bound)",
+        "    not counted: kernel launches, matmuls below the peak, the optimizer step, the data (a lower bound);",
+        f"    steps within {layout_planner.TIE:.0%} of each other are a tie: the simpler layout ranks first",
         f"  memory per rank: the memory model (memory_model.estimate_for_run, DDP's buckets added); "
         f"{card:g} GiB a GPU ({'given' if args.gpu_memory else 'datasheet'}), {usable:.1f} usable after the CUDA "
         f"context {margin['cuda_context_gib']:g} GiB, NCCL {margin['nccl_gib']:g} GiB and the allocator's "
