@@ -353,6 +353,18 @@ def test_loss_match_judges_a_pair_at_the_tolerance_of_its_coarser_precision(tmp_
     assert figure.axes[1].get_legend().get_texts()[0].get_text() == "tolerance 0.005 (bf16)"
 
 
+def test_a_loss_mismatch_names_the_todos_whose_code_the_runs_ran():
+    """TP4.6 has no TODO of its own: an fsdp, tp-scratch or cp run off the single process's loss points at TP4.2,
+    TP4.4 or TP4.5's code (the student course: 'fsdp ×2, tp-scratch ×2, cp ×2 does not match' named none)."""
+    from dlokit.checks import day4
+
+    said = day4._yours(["fsdp ×2", "tp-scratch ×2", "cp ×2", "hsdp ×4"])
+    assert said == (": they run your code of TODO TP4.2 (parallel_fsdp.py), TODO TP4.4 (parallel_tp_scratch.py), "
+                    "TODO TP4.5 (parallel_cp.py)")
+    assert day4._yours(["zero1 ×2"]) == ": it runs your code of TODO TP4.1 (zero1_optimizer.py)"
+    assert day4._yours(["ddp ×2", "tp ×2"]) == ""  # no student code in those layouts
+
+
 # ---- TP4.2's batch scan: the plan and the reading, without launches ----
 
 def test_the_scan_limit_lets_ddp_fit_fewer_batches_than_fsdp_and_keeps_away_from_every_need():

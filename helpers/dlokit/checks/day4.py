@@ -334,8 +334,21 @@ def loss_match(job_ids, reference):
     wrong = table[~table["matched"]]
     tolerance = f"{table.attrs['tolerance']:g} for {table.attrs['dtype']}"
     if len(wrong):
-        return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance {tolerance})", details)
+        return failed(f"{', '.join(wrong['mode'])} does not match the single process (tolerance {tolerance})"
+                      + _yours(list(wrong["mode"])), details)
     return passed(f"{len(table)} parallel runs match the single process within {tolerance}", details)
+
+
+def _yours(modes: list[str]) -> str:
+    """The TODOs whose code the mismatched runs ran ("fsdp ×2" -> TP4.2's), for loss_match's message."""
+    todos = list(dict.fromkeys(MODE_TODOS[m.split(" ")[0]] for m in modes if m.split(" ")[0] in MODE_TODOS))
+    return f": {'they run' if len(modes) > 1 else 'it runs'} your code of {', '.join(todos)}" if todos else ""
+
+
+# the layouts whose parallel code a student writes (loss_match names the TODO a mismatch points to)
+MODE_TODOS = {"zero1": "TODO TP4.1 (zero1_optimizer.py)", "fsdp": "TODO TP4.2 (parallel_fsdp.py)",
+              "hsdp": "TODO TP4.2 (parallel_fsdp.py)", "fsdp-tp": "TODO TP4.2 (parallel_fsdp.py)",
+              "tp-scratch": "TODO TP4.4 (parallel_tp_scratch.py)", "cp": "TODO TP4.5 (parallel_cp.py)"}
 
 
 DEEPSPEED_TODO = "TODO TP4.8 in train_deepspeed.py"
