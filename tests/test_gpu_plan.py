@@ -76,9 +76,11 @@ def test_the_plan_names_a_job_that_would_fail(sizes, job, finding):
     'OOM_SIZES = ["--batch-size", RANKS, "--seq-len", 16]',      # one sequence per rank: divides over any RANKS
     'batch_size=RANKS, seq_len=16',                             # ... and the limit is planned for that batch
     'day.command(None, "--config", COMPRESS_CONFIG, "--train-steps"',  # TP4.7 on the CPU at a CPU size
-    '"--batch-size", max(BATCH, 2 * max(MICROBATCHES)), steps=PP_STEPS)',
+    'day.pipeline_runs(MICROBATCHES, seq_len=PP_SEQ_LEN, steps=PP_STEPS)',  # TP4.3: the plan calls the same method
+    'day.deepspeed_runs(DS_STAGES, offload_stage=DS_OFFLOAD_STAGE)',     # TP4.8: likewise
 ])
 def test_the_notebook_writes_its_commands_as_the_plan_does(snippet):
-    """gpu_plan.day4_jobs writes the cells' command lines again: the cells must still say the same."""
+    """gpu_plan.day4_jobs writes the cells' command lines again (or calls the day's method they call): the cells
+    must still say the same."""
     cells = json.loads(gpu_plan.NOTEBOOK.read_text())["cells"]
     assert any(snippet in "".join(c["source"]) for c in cells if c["cell_type"] == "code")

@@ -113,11 +113,8 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
              for lever in p["SCAN_LEVERS"] for b in lever_batches]
     jobs += [Job("TP4.2", day.command("fsdp", "--data", "text", *compile_, steps=p["COMPILE_STEPS"]), ranks)
              for compile_ in ([], ["--compile"])]
-    pp = lambda schedule, m: day.command("pp", "--pp-schedule", schedule, "--microbatches", m, "--seq-len",
-                                         p["PP_SEQ_LEN"], "--batch-size", max(p["BATCH"], 2 * max(p["MICROBATCHES"])),
-                                         steps=p["PP_STEPS"])
-    jobs += [Job("TP4.3", pp("gpipe", m), ranks) for m in p["MICROBATCHES"]]
-    jobs.append(Job("TP4.3", pp("1f1b", p["MICROBATCHES"][-1]), ranks))
+    jobs += [Job("TP4.3", command, ranks)  # the day's own method, as the notebook calls it
+             for command in day.pipeline_runs(p["MICROBATCHES"], seq_len=p["PP_SEQ_LEN"], steps=p["PP_STEPS"])]
     jobs += [Job("TP4.4", day.command(None, script="check_tp.py"), ranks),
              Job("TP4.5", day.command(None, script="check_cp.py"), ranks)]
     jobs += [Job("TP4.6", day.command(m, "--data", "text", "--grad-norm"), ranks)
@@ -125,11 +122,8 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
     jobs.append(Job("TP4.7", day.command(None, "--config", p["COMPRESS_CONFIG"], "--train-steps",
                                          p["COMPRESS_STEPS"], "--sparsities", *p["COMPRESS_SPARSITIES"],
                                          script="compress_bench.py"), 1))
-    ds = lambda stage, *extra: day.command(None, "--zero-stage", stage, *extra, "--data", "text", "--config",
-                                           day.config, "--seq-len", day.seq_len, "--batch-size", day.batch_size,
-                                           "--steps", day.steps, *day.carried, script="train_deepspeed.py")
-    jobs += [Job("TP4.8", ds(stage), ranks) for stage in p["DS_STAGES"]]
-    jobs.append(Job("TP4.8", ds(p["DS_OFFLOAD_STAGE"], "--offload-optimizer"), ranks))
+    jobs += [Job("TP4.8", command, ranks)
+             for command in day.deepspeed_runs(p["DS_STAGES"], offload_stage=p["DS_OFFLOAD_STAGE"])]
     jobs += [Job("TP4.9", day.command(None, "--measure", "peak", "--dtype", dtype, script="comm_bench.py"), ranks),
              Job("TP4.9", day.command(None, "--max-mib", p["COMM_MAX_MIB"], script="comm_bench.py"), ranks)]
     jobs += [Job("TP4.9", day.command(None, *argv, steps=p["PLAN_STEPS"]), ranks) for argv in plan_candidates(p, ranks, dtype)]
