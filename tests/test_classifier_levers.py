@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_data import tiny_folder
 from ranks import run_warm
 
 import dlokit
@@ -22,17 +23,12 @@ SOLUTION, STUDENT = REPO / "tp_scripts" / "solutions" / "train_classifier.py", R
 SMALL = ["--image-size", "32", "--batch-size", "8", "--test", "--test-nsteps", "4", "--print-every", "1000"]
 RESNET18_BLOCKS = 8
 
-sys.path.insert(0, str(REPO / "data"))
-import make_synthetic_imagenet  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """4 classes x 12 images (48: 6 steps of 8 an epoch), validation 2 per class."""
-    root = tmp_path_factory.mktemp("data") / "tiny"
-    make_synthetic_imagenet.main(["--out", str(root), "--classes", "4", "--train-per-class", "12",
-                                  "--val-per-class", "2", "--size", "36", "--quiet"])
-    return root
+    return tiny_folder(tmp_path_factory.mktemp("data") / "tiny", val_per_class=2)
 
 
 @pytest.fixture(scope="module")

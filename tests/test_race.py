@@ -13,6 +13,7 @@ from pathlib import Path
 
 import preloaded
 import pytest
+from tiny_data import tiny_folder
 
 import dlokit
 from dlokit import race
@@ -27,17 +28,12 @@ INJECT = REPO / "tests" / "job_scripts" / "inject.py"  # runs SCRIPT with a faul
 PYTHON = sys.executable
 TINY = ["--model", "resnet18", "--image-size", "32", "--batch-size", "8"]
 
-sys.path.insert(0, str(REPO / "data"))
-import make_synthetic_imagenet  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """4 classes x 12 images (6 steps per epoch at batch 8), 3 validation images per class."""
-    root = tmp_path_factory.mktemp("race") / "tiny"
-    make_synthetic_imagenet.main(["--out", str(root), "--classes", "4", "--train-per-class", "12",
-                                  "--val-per-class", "3", "--size", "36", "--quiet"])
-    return root
+    return tiny_folder(tmp_path_factory.mktemp("race") / "tiny", val_per_class=3)
 
 
 def script(runs: Path, run_id: str, *args, nproc: int = 1, env: dict | None = None, inject: tuple = ()) -> subprocess.Popen:
