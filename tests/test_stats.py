@@ -52,7 +52,7 @@ def test_a_clear_gain_agrees_a_clear_loss_contradicts_overlapping_noise_is_withi
     # the same level in both arms: runs that differ by a few per cent are not an effect
     noise = stats.ratio_of_samples(runs(100, 3, between=0.08), runs(100, 3, between=0.08))
     assert noise.low < 1 < noise.high and noise.outcome(expects_gain=True) == stats.WITHIN_NOISE
-    assert gain.basis == (stats.RUNS if repeats > 1 else stats.WIDENED)
+    assert gain.basis in ((stats.RUNS, stats.FLOORED) if repeats > 1 else (stats.WIDENED,))
 
 
 def test_the_run_is_the_unit_when_commands_were_repeated():
@@ -62,8 +62,23 @@ def test_the_run_is_the_unit_when_commands_were_repeated():
     assert single.basis == stats.WIDENED and single.low < 1 < single.high  # widened by the run-to-run spread...
     assert "widened by the spread between two runs of one command" in single.long_text()  # ...and it says so
     repeated = stats.ratio_of_samples(one + [steps(93, 20, 0.01)], other + [steps(101, 20, 0.01)])
-    assert repeated.basis == stats.RUNS and repeated.low < 1 < repeated.high
+    assert repeated.basis in (stats.RUNS, stats.FLOORED) and repeated.low < 1 < repeated.high
     assert "2 runs each" in repeated.long_text()
+
+
+def test_two_runs_that_agree_by_chance_are_not_taken_for_a_sure_effect():
+    """Day 4's compile lesson, two runs each: ×1.18 [1.15–1.22] "agrees" once, ×1.11 and ×1.23 "within noise" on the
+    same code. Runs that agree more closely than runs of one command do here get the measured spread (FLOORED)."""
+    close = stats.ratio_of_samples([steps(100, 12, 0.01), steps(101, 12, 0.01)],
+                                   [steps(118, 12, 0.01), steps(119, 12, 0.01)])
+    assert close.basis == stats.FLOORED and close.outcome(expects_gain=True) == stats.WITHIN_NOISE
+    assert close.low < 1 < close.high and 1.15 < close.value < 1.21
+    assert "their spread is taken as that one" in close.long_text()
+    # runs that spread more than that keep their own spread; a clear effect still decides
+    wide = stats.ratio_of_samples([steps(80, 12, 0.01), steps(120, 12, 0.01)], [steps(85, 12, 0.01), steps(125, 12, 0.01)])
+    assert wide.basis == stats.RUNS and wide.outcome(expects_gain=True) == stats.WITHIN_NOISE
+    clear = stats.ratio_of_samples([steps(100, 12, 0.01), steps(101, 12, 0.01)], [steps(200, 12, 0.01)] * 2)
+    assert clear.basis == stats.FLOORED and clear.outcome(expects_gain=True) == stats.AGREES
 
 
 def test_estimates_and_accuracy_intervals():

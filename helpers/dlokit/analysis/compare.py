@@ -155,6 +155,8 @@ def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estima
                  else "whiskers and [brackets]: 95 % intervals over the runs of each arm")
     if any(e.basis == stats.WIDENED for e in estimates.values()):
         notes.append("[brackets] of one run each: widened by the spread between two runs of one command")
+    if any(e.basis == stats.FLOORED for e in estimates.values()):
+        notes.append("[brackets] of runs that agreed closely: their spread taken as that of runs of one command here")
     figure, axes = new_figure(size=(max(5, 1.3 * len(plotted) + 2), 4))
     ax = axes[0, 0]
     labels = [_short(str(r.arm)) + ("" if r.state == "completed" else f"\n{_short(r.state)}") for r in plotted.itertuples()]

@@ -12,7 +12,8 @@ is the question an interval must answer:
   agreed within a few per cent: an interval built from the steps of one run each called two of them
   ×0.94 [0.90–0.98] apart. The interval is Student's t-interval on the log of the runs' values
   (scipy.stats.ttest_ind), the two arms' spreads pooled (it is the machine that varies, alike for both
-  commands), turned back into a ratio: honest with few runs, and wide when they disagree.
+  commands), turned back into a ratio: honest with few runs, and wide when they disagree. Runs that
+  happen to agree more closely than runs of one command do here get that measured spread (RUN_SPREAD, FLOORED).
 * **one run of each**: only the steps are there; the interval is a bootstrap of the ratio of the two
   medians (scipy.stats.bootstrap), widened by how much two runs of one command differ here (RUN_SPREAD, measured
   on the project's 2-core machine), and says so: over one run's steps alone, two runs of one command read
@@ -37,6 +38,7 @@ NOT_APPLICABLE, NO_MEASUREMENT, NO_INTERVAL = "not applicable", "no measurement"
 SAME_COMPUTATION = "same computation"  # the records show that both arms computed the same thing
 RUNS, STEPS = "runs", "steps"  # what an interval rests on
 WIDENED = "steps + run spread"  # one run each: its steps' interval, widened by RUN_SPREAD
+FLOORED = "runs, spread at least RUN_SPREAD"  # few runs each that happened to agree: their spread taken as RUN_SPREAD
 # Two runs of one command differ by more than either run's steps say. Ten runs of TP2.2's 1-rank command, alone on
 # the project's 2-core machine (docs/benchmarks.md, course 18, 2026-11-28): the standard deviation of the log of their
 # medians was 0.082 (78.8 to 100.9 img/s). A ratio of one run each adds that spread twice, with the t quantile of the
@@ -94,7 +96,7 @@ def step_values(run, metric: str = "throughput_train") -> np.ndarray:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A value with its interval at `confidence`, and what the interval rests on (`basis`: RUNS or STEPS)."""
+    """A value with its interval at `confidence`, and what the interval rests on (`basis`: RUNS, FLOORED, STEPS or WIDENED)."""
 
     value: float
     low: float
@@ -123,6 +125,9 @@ class Estimate:
     def basis_text(self) -> str:
         if self.basis == RUNS:
             return f"{self.runs} runs each"
+        if self.basis == FLOORED:
+            return (f"{self.runs} runs each; they agreed more closely than runs of one command do here, so their "
+                    f"spread is taken as that one (±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run, measured here)")
         if self.basis == WIDENED:
             return (f"1 run each, {self.steps} steps, widened by the spread between two runs of one command "
                     f"(±{100 * (math.exp(run_spread_half_width(self.confidence)) - 1):.0f} %, measured here)")
@@ -211,9 +216,7 @@ def ratio_of_samples(base: list, other: list, confidence: float = CONFIDENCE) ->
         value = float(np.exp(log_other.mean() - log_base.mean()))
         if np.ptp(log_base) == 0 and np.ptp(log_other) == 0:
             return Estimate(value, value, value, runs, n_steps, RUNS, confidence)
-        test = stats.ttest_ind(log_other, log_base, equal_var=True)
-        ci = test.confidence_interval(confidence)
-        return Estimate(value, float(np.exp(ci.low)), float(np.exp(ci.high)), runs, n_steps, RUNS, confidence)
+        return _t_interval(log_base, log_other, value, n_steps, confidence)
     base_steps, other_steps = np.concatenate(base), np.concatenate(other)
     value = float(_median_ratio(base_steps, other_steps))
     if len(base_steps) < 2 or len(other_steps) < 2:
@@ -223,6 +226,21 @@ def ratio_of_samples(base: list, other: list, confidence: float = CONFIDENCE) ->
                              rng=np.random.default_rng(SEED))
     ci = result.confidence_interval
     return widened(Estimate(value, float(ci.low), float(ci.high), 1, n_steps, STEPS, confidence))
+
+
+def _t_interval(log_base: np.ndarray, log_other: np.ndarray, value: float, n_steps: int, confidence: float) -> Estimate:
+    """Student's t-interval on the log of the runs' values, the arms' spreads pooled. Two or three runs can agree
+    by chance (Day 4's compile lesson read ×1.18 [1.15–1.22] from two runs each, then ×1.11 and ×1.23 "within
+    noise" on the same code): the pooled spread is taken as at least RUN_SPREAD, what runs of one command are
+    known to differ by here, and the estimate says so (FLOORED)."""
+    n_base, n_other = len(log_base), len(log_other)
+    df = n_base + n_other - 2
+    pooled = math.sqrt(((n_base - 1) * np.var(log_base, ddof=1) + (n_other - 1) * np.var(log_other, ddof=1)) / df)
+    basis = RUNS if pooled >= RUN_SPREAD else FLOORED
+    half = stats.t.ppf((1 + confidence) / 2, df) * max(pooled, RUN_SPREAD) * math.sqrt(1 / n_base + 1 / n_other)
+    centre = math.log(value)
+    return Estimate(value, math.exp(centre - half), math.exp(centre + half), min(n_base, n_other), n_steps, basis,
+                    confidence)
 
 
 def run_spread_half_width(confidence: float = CONFIDENCE) -> float:
