@@ -8,6 +8,8 @@ with why.
 """
 from __future__ import annotations
 
+import ctypes
+import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,6 +23,19 @@ from .compile_options import applying_to, compiles
 from .compile_support import CUDA_GRAPH_MODES, use_fresh_cache
 
 RTOL, ATOL = 1e-3, 1e-5  # "agrees with eager": |variant - eager| <= ATOL + RTOL * |eager|, element by element
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def steady_host_allocator() -> bool:
+    """Keep freed host memory in the process, whatever was freed before. glibc's mmap threshold moves with what the
+    process has freed: the function part's 16 MiB tensors were then mapped afresh on every call in some runs and
+    reused in others, and eager's call took 31 or 75 ms from one course run to the next (512 page faults per call
+    against none, 2026-11-28). Fixed thresholds: every run times the same allocator. False where it is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 @dataclass
@@ -36,6 +51,9 @@ class Bench:
     say: Callable                 # print on rank 0, nothing on the others
     make_variant: Callable        # (variant, fn, example) -> the callable that variant runs
 
+    def __post_init__(self):
+        self.steady_allocator = steady_host_allocator()
+
     def measure(self, build, *, items: int, item_name: str):
         """Build the variant (timed: tracing, scripting, wrapping), then call it warm-up + timed times:
         (result fields, what the calls returned). `build()` returns (fn, call) or (fn, call, compared): then
@@ -47,7 +65,7 @@ class Bench:
         started = time.perf_counter()
         fn, call, *compared = build()
         t_build = time.perf_counter() - started
-        seconds, outputs = time_calls(call, self.args.warmup_steps, self.args.steps, self.device)
+        seconds, outputs, faults = time_calls(call, self.args.warmup_steps, self.args.steps, self.device)
         if compared:  # what to compare is read after the timed calls (e.g. the parameters the steps ended with)
             outputs = compared[0]()
         warmup, timed = seconds[:self.args.warmup_steps], seconds[self.args.warmup_steps:]
@@ -56,7 +74,10 @@ class Bench:
                   # what the first calls cost beyond the steady state: the price of tracing or compiling
                   "t_compile": max(0.0, t_build + sum(warmup) - len(warmup) * t_step),
                   "t_step": t_step, "t_step_min": min(timed), "t_step_max": max(timed),
-                  "warmup_steps": len(warmup), "timed_steps": len(timed), "step_times": [round(s, 6) for s in seconds],
+                  "warmup_steps": len(warmup), "timed_steps": len(timed),
+                  # host memory mapped afresh during a call: what made eager's calls bimodal before steady_host_allocator
+                  "page_faults_per_call": statistics.median(faults[self.args.warmup_steps:]),
+                  "steady_allocator": self.steady_allocator, "step_times": [round(s, 6) for s in seconds],
                   "items": item_name, "items_per_s": items / t_step, "compiled": is_compiled(fn),
                   "cache": "fresh" if self.args.fresh_cache else "shared (may hold kernels compiled before)",
                   **dynamo_counts()}
@@ -104,17 +125,20 @@ def skip_reason(variant: str, device, compiler_problem) -> str | None:
     return None
 
 
-def time_calls(call, warmup: int, steps: int, device) -> tuple[list[float], list]:
-    """(seconds of each call, what each returned); every call ends once the device has finished."""
-    seconds, outputs = [], []
+def time_calls(call, warmup: int, steps: int, device) -> tuple[list[float], list, list[int]]:
+    """(seconds of each call, what each returned, the process's minor page faults during each); every call ends
+    once the device has finished."""
+    seconds, outputs, faults = [], [], []
     for _ in range(warmup + steps):
+        faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = time.perf_counter()
         out = call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - started)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted)
         outputs.append(out)
-    return seconds, outputs
+    return seconds, outputs, faults
 
 
 def dynamo_counts() -> dict:
