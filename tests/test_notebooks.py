@@ -422,3 +422,7 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     assert "TP4.9 the planner's pick" in found  # no TODO of its own: it runs on the student's train_llm.py, as it is
     # an unsharded "FSDP" holds what DDP holds: under the same limit both run out of memory
     assert probe["profile"] == "local" and probe["oom_states"] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
+    # ... and the day at a glance says why the FSDP job failed, from the weights its ranks held
+    day_jobs = found["the day's jobs"]
+    assert day_jobs["status"] == "failed" and "FSDP2 sharded nothing" in day_jobs["message"], day_jobs
+    assert "TODO TP4.2" in day_jobs["message"]

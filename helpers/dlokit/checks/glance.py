@@ -41,7 +41,9 @@ def _wrong_line(outcome, meant: tuple, card) -> str:
     was meant to show and why it did not, with the TODO its record points to."""
     if outcome.state != "COMPLETED" or "COMPLETED" in meant:
         cause = outcome.cause.strip()
-        return f"job {outcome.job_id} {outcome.state}" + (f": {cause.splitlines()[-1]}" if cause else "")
+        because = failed_because(outcome.job_id)
+        return (f"job {outcome.job_id} {outcome.state}" + (f" because {because}" if because else "")
+                + (f": {cause.splitlines()[-1]}" if cause else ""))
     whys = card.expected if card else {}
     tag = (card.extra.get("tag") if card else None) or ""
     ends = " or ".join(f"{state} ({whys[state]})" if whys.get(state) else state for state in meant)
@@ -65,6 +67,28 @@ def completed_because(job_id: str, runs_dir=None) -> str:
         return (f"DDP is not set up: its {run.world_size} ranks each trained their own copy of the model, so none "
                 "waited for another — TODO TP2.2")
     return ""
+
+
+def failed_because(job_id: str, runs_dir=None) -> str:
+    """Why a job failed, when its run record shows a TODO left untouched; "" when it shows none: an FSDP2 run whose
+    ranks each held the whole model's weights (measured from their tensors once laid out: train_llm.py's `observed`
+    params_bytes) ran out of memory because nothing was sharded."""
+    from dlokit.analysis import load_run
+    from dlokit.submission.profiles import current_profile
+
+    from .day4 import FSDP_TODO, SHARDED
+
+    try:
+        run = load_run(str(job_id), runs_dir or current_profile().runs)
+    except (OSError, ValueError):
+        return ""
+    weights = 4 * float(run.config.get("n_params") or 0)  # the model's fp32 weights
+    observed = [(r.get("run") or {}).get("observed") for r in run.ranks.values()]
+    held = [float(o.get("params_bytes") or 0) for o in observed if isinstance(o, dict)]
+    if run.config.get("data_parallel") != "fsdp" or not weights or not held or min(held) < SHARDED * weights:
+        return ""
+    return (f"FSDP2 sharded nothing: each of its {len(held)} ranks held {min(held) / weights:.2f} of the model's "
+            f"weights — {FSDP_TODO}")
 
 
 def _card(job_id: str):

@@ -45,7 +45,7 @@ from llm_kit.data import TokenBatches
 from llm_kit.device_memory import limit_memory
 from llm_kit.grad_norm import global_grad_norm
 from llm_kit.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
-from llm_kit.memory_meter import MemoryMeter
+from llm_kit.memory_meter import MemoryMeter, bytes_once, parameters
 from llm_kit.meter import Meter
 from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
 from llm_kit.parallel_dims import ParallelDims
@@ -137,6 +137,8 @@ def train(args, config, dims, env, device, recorder) -> int:
     with torch.device("meta" if args.meta_init else device):
         model = Llama(config)
     run.parallel = parallelize(model, dims, mesh, args, device, YOURS, cp_attention=cp_attention)
+    # the weights this rank holds once laid out, in the record before any step can run out of memory
+    recorder.amend(observed={"params_bytes": bytes_once(parameters(run.parallel.modules))})
     run.optimizer = build_optimizer(args, run.parallel.modules, dims, run.parallel.dp_group)
     start_step = resume(run) if args.resume else 0
     run.data = TokenBatches(args.data, config.vocab_size, args.batch_size, args.seq_len, seed=args.seed)
