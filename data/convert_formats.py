@@ -53,13 +53,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     try:
+        if not args.verify and not (args.src and args.out):
+            parser.error("give --src and --out, --verify ROOT, or both (convert, then verify: one start-up)")
+        if args.src or args.out:
+            if not args.src or not args.out:
+                parser.error("give --src and --out together")
+            if args.image_size < 8 or args.samples_per_shard < 1:
+                parser.error("--image-size must be at least 8 and --samples-per-shard at least 1")
+            convert(Path(args.src), Path(args.out), args.image_size, args.samples_per_shard, args.force, say)
         if args.verify:
             return 0 if report(verify(args.verify), say) else 1
-        if not args.src or not args.out:
-            parser.error("give --src and --out (or --verify ROOT)")
-        if args.image_size < 8 or args.samples_per_shard < 1:
-            parser.error("--image-size must be at least 8 and --samples-per-shard at least 1")
-        convert(Path(args.src), Path(args.out), args.image_size, args.samples_per_shard, args.force, say)
     except DataSetError as error:
         print(f"convert_formats.py: error: {error}", file=sys.stderr)
         return 2

@@ -224,10 +224,9 @@ class Day:
     def storage_formats(self) -> Path:
         """TP3.4's formats of the day's data (webdataset, raw), converted once beside the run records, verified."""
         folder = Path(self.runs) / f"formats-{Path(self.data).name}"
-        if not (folder / "manifest.json").exists():
-            subprocess.run([sys.executable, str(FORMAT_CONVERTER), "--src", self.data, "--out", str(folder),
-                            "--image-size", str(self.image_size)], check=True)
-        subprocess.run([sys.executable, str(FORMAT_CONVERTER), "--verify", str(folder)], check=True)
+        convert = [] if (folder / "manifest.json").exists() else ["--src", self.data, "--out", str(folder),
+                                                                   "--image-size", str(self.image_size)]
+        subprocess.run([sys.executable, str(FORMAT_CONVERTER), *convert, "--verify", str(folder)], check=True)
         return folder
 
     # ---- what one day hands to the next (e.g. the batch size Day 1 chose) ----------------------
