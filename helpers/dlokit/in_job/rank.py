@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -152,6 +153,22 @@ def detect(env=None) -> DistEnv:
     )
 
 
+STORE_POLL_S = 0.01
+
+
+def wait_for_store(host: str, port: int, timeout_s: float) -> None:
+    """Return once rank 0's store accepts connections (or after timeout_s: the rendezvous then says why). A rank that
+    asks before the store listens is refused, and torch's client waits out a growing backoff before it asks again:
+    0.4-0.7 s of a two-rank job's start on this machine whenever rank 1 started first (2026-11-28)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(STORE_POLL_S)
+
+
 def init_process_group(backend: str | None = None, timeout_s: float = 300.0, device: str | None = None):
     """Join the job's process group (when there is more than one process) and return the device.
 
@@ -175,6 +192,8 @@ def init_process_group(backend: str | None = None, timeout_s: float = 300.0, dev
             torch.set_num_threads(env.cpus_per_task)
 
     if env.distributed and not dist.is_initialized():
+        if env.rank != 0:
+            wait_for_store(env.master_addr, env.master_port, timeout_s)
         # the store init_method="tcp://..." would open (torchrun's agent's, or rank 0's), opened first to ask each rank
         # which GPU it drives
         store, _, _ = next(dist.rendezvous(f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
