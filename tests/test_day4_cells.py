@@ -82,3 +82,5 @@ def test_each_mode_and_each_planned_layout_at_the_days_sizes(day):
     assert [shlex.split(c)[1:] for c in planned] == [
         ["--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "8", "--mode", "tp"],
         ["--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "8", "--mode", "pp", "--microbatches", "2"]]
+    assert day.layout_runs([["--mode", "tp"], ["--mode", "pp"]], steps=8, repeats=2)[2:] == planned[:1] + [
+        day.command(None, "--mode", "pp", steps=8)]  # rounds, alternated: job i runs layout i % 2

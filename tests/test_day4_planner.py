@@ -107,6 +107,21 @@ def test_a_pick_beaten_beyond_noise_is_named_not_applicable_with_why(records):
     assert result.status == "not applicable" and "ZeRO-1 measured faster" in result.message
 
 
+def test_rounds_of_the_layouts_judge_the_pick_over_their_runs(records):
+    """Two rounds, alternated (day.layout_runs with repeats), as the notebook runs them: DDP read 36 then 24 ms a step,
+    ZeRO-1 26 and 27. The first round alone calls ZeRO-1 faster beyond noise; over both rounds, within noise."""
+    chosen = _chosen(["DDP", "ZeRO-1", "CP"], [0.004, 0.0045, 0.011])
+    rounds = [train_run(records, name, t) for name, t in
+              (("a1", 0.036), ("b1", 0.026), ("c1", 0.12), ("a2", 0.024), ("b2", 0.027), ("c2", 0.11))]
+    assert checks.planner_pick(rounds[:3], chosen).part("fastest").status == "not applicable"
+    result = checks.planner_pick(rounds, chosen)
+    assert result.part("fastest").status == "passed" and "2 runs each" in result.part("fastest").message
+    assert result.part("predicted slow").status == "passed"  # CP, ×4 slower in both rounds
+    table = plan_check.predicted_vs_measured(chosen, rounds)
+    assert table["run_id"].tolist() == ["a1, a2", "b1, b2", "c1, c2"]
+    assert checks.planner_pick(rounds[:5], chosen).status == "failed"  # not whole rounds: which job ran which layout?
+
+
 def test_prediction_beside_measurement_with_the_ratio_and_why_it_is_off(records):
     ids = [train_run(records, "a", 0.030), train_run(records, "b", 0.045)]
     chosen = _chosen(["DDP", "ZeRO-1"], [0.003, 0.0045])

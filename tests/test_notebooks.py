@@ -56,7 +56,7 @@ DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MO
 # (the scan's DDP bracketed by 64 and 128, one lever, one ZeRO stage beside the offloaded one, the planner's pick and
 # its slowest)
 DAY4_STUDENT = {**DAY4_TINY, "LOSS_MODES": ["tp-scratch"], "SCAN_BATCHES": [64, 128], "SCAN_LEVERS": [["--cpu-offload"]],
-                "DS_STAGES": [2], "PLAN_TOP": 1, "COMPRESS_STEPS": 2}
+                "DS_STAGES": [2], "PLAN_TOP": 1, "PLAN_REPEATS": 1, "COMPRESS_STEPS": 2}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1}

@@ -126,7 +126,8 @@ def day4_jobs(p: dict, ranks: int, dtype: str = DTYPE) -> list[Job]:
              for command in day.deepspeed_runs(p["DS_STAGES"], offload_stage=p["DS_OFFLOAD_STAGE"])]
     jobs += [Job("TP4.9", day.command(None, "--measure", "peak", "--dtype", dtype, script="comm_bench.py"), ranks),
              Job("TP4.9", day.command(None, "--max-mib", p["COMM_MAX_MIB"], script="comm_bench.py"), ranks)]
-    jobs += [Job("TP4.9", day.command(None, *argv, steps=p["PLAN_STEPS"]), ranks) for argv in plan_candidates(p, ranks, dtype)]
+    jobs += [Job("TP4.9", command, ranks) for command in day.layout_runs(plan_candidates(p, ranks, dtype),
+                                                                          steps=p["PLAN_STEPS"], repeats=p["PLAN_REPEATS"])]
     return jobs
 
 

@@ -32,19 +32,31 @@ def _on_gpu(run) -> bool:
     return run.config.get("process_group_backend") == "nccl"
 
 
+def by_layout(chosen: pd.DataFrame, job_ids, runs_dir=None) -> list[list]:
+    """The runs of each chosen layout, in the planner's order: the jobs were submitted in rounds (day.layout_runs with
+    `repeats`), job i ran layout i % len(chosen). Empty when the jobs are not whole rounds of the layouts."""
+    runs = load_runs(list(job_ids), runs_dir)
+    n = len(chosen)
+    if not n or not runs or len(runs) % n:
+        return []
+    return [runs[i::n] for i in range(n)]
+
+
 def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.DataFrame:
-    """One row per chosen layout and its job (in order)."""
+    """One row per chosen layout: its runs (every round of day.layout_runs) against the prediction."""
     rows = []
-    for (_, plan), run in zip(chosen.iterrows(), load_runs(list(job_ids), runs_dir)):
+    for (_, plan), runs in zip(chosen.iterrows(), by_layout(chosen, job_ids, runs_dir)):
+        run = runs[0]
         measured = _measured(run)
         try:
             modelled = memory_model.estimate_for_run(run.config, cuda=_on_gpu(run)).total / MIB
         except (KeyError, TypeError, ValueError):
             modelled = math.nan
         held = sum(measured.values()) / MIB if measured else math.nan
-        step = estimate(run, "t_step")
+        step = estimate(runs, "t_step")
         predicted = float(plan["step_s"]) * 1e3
-        rows.append({"layout": plan["layout"], "run_id": run.run_id, "state": run.state,
+        states = sorted({r.state for r in runs})
+        rows.append({"layout": plan["layout"], "run_id": ", ".join(r.run_id for r in runs), "state": ", ".join(states),
                      "predicted_rank": plan["rank"], "memory_predicted_mib": modelled, "memory_measured_mib": held,
                      "memory_ratio": held / modelled if modelled else math.nan,
                      "step_predicted_ms": predicted, "step_measured_ms": step.value * 1e3,

@@ -434,19 +434,22 @@ def deepspeed_zero(stage_ids, single_id):
 def planner_pick(job_ids, chosen):
     """Measured: the layout the planner ranks fastest (the first of `chosen`, layout_planner.candidates, in the order its
     jobs were submitted) is the fastest of the layouts run, within noise: no other layout's steps are shorter beyond
-    the 95 % interval of the ratio (one run each: its steps' interval widened by the run-to-run spread of this machine,
-    stats.ratio). The layout it predicts slow (the last) is either measured slower, or the check says plainly that this
+    the 95 % interval of the ratio (stats.ratio: over the runs of each layout when `job_ids` holds several rounds,
+    day.layout_runs with `repeats`; one run each: its steps' interval widened by this machine's run-to-run spread). The layout it predicts slow (the last) is either measured slower, or the check says plainly that this
     machine cannot tell them apart. Both sentences keep their words from one course run to the next; the numbers are in
     the parts."""
+    from dlokit.analysis.plan_check import by_layout
     from dlokit.analysis.stats import ratio
 
-    runs, problem = _completed(job_ids)
+    done, problem = _completed(job_ids)
     if problem:
         return problem
     names = list(chosen["layout"])
-    if len(runs) != len(names) or len(runs) < 2:
-        return failed(f"pass the jobs of layout_planner.candidates' {len(names)} layouts, in its order (got {len(runs)} jobs)")
-    steps = [_step_estimate(run) for run in runs]
+    runs = by_layout(chosen, ids(job_ids))  # each layout's runs, every round
+    if len(names) < 2 or not runs:
+        return failed(f"pass the jobs of layout_planner.candidates' {len(names)} layouts, in its order, a round or "
+                      f"more (day.layout_runs; got {len(done)} jobs)")
+    steps = [_step_estimate(group) for group in runs]
     if None in steps:
         return failed("a run has no settled step to time: give its jobs more --steps (PLAN_STEPS)")
     details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {_ms(s)}"
@@ -483,10 +486,10 @@ def _ms(value) -> str:
     return f"{1e3 * value.value:.1f} [{1e3 * value.low:.1f}–{1e3 * value.high:.1f}] ms"
 
 
-def _step_estimate(run):
+def _step_estimate(runs):
     from dlokit.analysis.stats import estimate
 
-    value = estimate(run, "t_step")
+    value = estimate(runs, "t_step")
     return value if math.isfinite(value.value) else None
 
 

@@ -448,10 +448,11 @@ class LlmDay(Day):
         """train_llm.py in each parallel mode of `modes`, with `options`, at the day's sizes (TP4.1, TP4.6)."""
         return [self.command(mode, *options) for mode in modes]
 
-    def layout_runs(self, argvs, steps: int | None = None) -> list[str]:
+    def layout_runs(self, argvs, steps: int | None = None, repeats: int = 1) -> list[str]:
         """The planner's layouts (layout_planner.candidates' `argv`: each one's script and options) at the day's
-        sizes, `steps` steps each (TP4.9)."""
-        return [self.command(None, *argv, steps=steps) for argv in argvs]
+        sizes, `steps` steps each (TP4.9); `repeats` rounds of them, alternated (A B C, A B C): job i runs layout
+        i % len(argvs)."""
+        return [self.command(None, *argv, steps=steps) for _ in range(repeats) for argv in argvs]
 
     def memory_scan(self, batches, *, seq_len: int, limit_mb: float, config: str, levers=None) -> list[str]:
         """TP4.2's batch scan under `limit_mb` per rank, two steps a run: DDP at each batch of `batches`, then FSDP2
