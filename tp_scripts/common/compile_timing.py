@@ -28,7 +28,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mallo
 
 def steady_host_allocator() -> bool:
     """Keep freed host memory in the process, whatever was freed before. glibc's mmap threshold moves with what the
-    process has freed: the function part's 16 MiB tensors were then mapped afresh on every call in some runs and
+    process has freed: the function part's 16 MiB tensors (4096 x 1024, its size then) were mapped afresh on every call in some runs and
     reused in others, and eager's call took 31 or 75 ms from one course run to the next (512 page faults per call
     against none, 2026-11-28). Fixed thresholds: every run times the same allocator. False where it is not glibc."""
     try:
