@@ -84,3 +84,19 @@ def test_each_mode_and_each_planned_layout_at_the_days_sizes(day):
         ["--config", "tiny", "--seq-len", "32", "--batch-size", "4", "--steps", "8", "--mode", "pp", "--microbatches", "2"]]
     assert day.layout_runs([["--mode", "tp"], ["--mode", "pp"]], steps=8, repeats=2)[2:] == planned[:1] + [
         day.command(None, "--mode", "pp", steps=8)]  # rounds, alternated: job i runs layout i % 2
+
+
+def test_rounds_go_on_while_the_comparison_does_not_decide_and_stop_at_the_cap(day, capsys):
+    """day.submit_until_decided (TP2.2's weak scaling): a round more while `decided` says no, never past max_rounds."""
+    asked = []
+
+    def decided_at_three(ids):
+        asked.append(len(ids))
+        return len(ids) >= 3
+
+    command = day.command("single", steps=1)
+    ids = day.submit_until_decided([command], decided_at_three, rounds=2, max_rounds=4)
+    assert len(ids) == 3 and asked == [2, 3] and "round 3 of at most 4" in capsys.readouterr().out
+    assert [dlokit.job_outcome(i).state for i in ids] == ["COMPLETED"] * 3
+    never = day.submit_until_decided([command], lambda ids: False, rounds=1, max_rounds=2)
+    assert len(never) == 2  # the cap: one round more, then the comparison is shown as it stands

@@ -59,7 +59,7 @@ DAY4_STUDENT = {**DAY4_TINY, "LOSS_MODES": ["tp-scratch"], "SCAN_BATCHES": [64, 
                 "DS_STAGES": [2], "PLAN_TOP": 1, "PLAN_REPEATS": 1, "COMPRESS_STEPS": 2}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
-DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1}
+DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1, "MAX_REPEATS": 1}
 
 DAY1_PROBE = """
 import json

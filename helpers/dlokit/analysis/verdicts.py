@@ -35,6 +35,19 @@ def scaling_views(scaling, by_size: dict, on_gpu: bool) -> list:
                            f"[{100 * last['efficiency_low']:.0f}–{100 * last['efficiency_high']:.0f}])")]
 
 
+def scaling_decided(job_ids) -> bool:
+    """TP2.2's rounds (day.submit_until_decided): does the most ranks against one decide (agrees or contradicts)?"""
+    from dlokit.analysis.run import ran_on_gpu
+    from dlokit.analysis.scaling import runs_by_size
+    from dlokit.analysis.stats import WITHIN_NOISE
+
+    by_size = runs_by_size(job_ids)
+    if len(by_size) < 2:
+        return True  # nothing to compare: more rounds would not decide anything
+    judged = lessons.judge("ddp", by_size[min(by_size)], by_size[max(by_size)], ran_on_gpu(job_ids[0]), "")
+    return judged.outcome != WITHIN_NOISE
+
+
 def switch_verdicts(arms: dict, on_gpu: bool, metric_steps: int) -> list:
     """TP2.3's switches against the baseline: --metric-step (where it ran: a GPU), find_unused_parameters."""
     metric_step = (lessons.verdict("metric_step", arms["baseline"], arms["metric_step"], on_gpu,

@@ -114,6 +114,20 @@ class Day:
         self.ran.update(zip(new, ids))
         return [self.ran[job] for job in jobs] if reuse else ids
 
+    def submit_until_decided(self, commands, decided, *, rounds: int, max_rounds: int, n_gpu=1, tp: str | None = None,
+                             **options) -> list[str]:
+        """`rounds` rounds of `commands` on each of `n_gpu` (alternated, as submit orders them), then one round more at
+        a time while `decided(the job ids so far)` says the comparison is within noise, up to `max_rounds`: an interval
+        over two runs each rests on one slow run (TP2.2's weak scaling read ×1.27 [0.89–1.81] once where it read ×1.8
+        twice, 2026-11-28). Each extra round is said."""
+        ids = self.submit(list(commands) * rounds, n_gpu=n_gpu, tp=tp, **options)
+        for round_ in range(rounds + 1, max_rounds + 1):
+            if decided(ids):
+                break
+            print(f"the interval does not decide on {round_ - 1} runs each: round {round_} of at most {max_rounds}")
+            ids += self.submit(list(commands), n_gpu=n_gpu, tp=tp, **options)
+        return ids
+
     def submit_arms(self, arms: dict, repeats: int = 1, n_gpu: int = 1, tp: str | None = None, reuse: bool = False,
                     **options) -> dict:
         """Submit each command of `arms` ({label: command}, or {label: (command, n_gpu)}) `repeats` times,
