@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+import dlokit
 from dlokit import analysis
 from dlokit.analysis.profiler import CATEGORIES
 from dlokit.in_job.runrecord import RunRecorder
@@ -346,6 +347,19 @@ def test_scaling_refuses_multi_rank_runs_without_ddp_or_sharding(tmp_path):
     with pytest.raises(analysis.ScalingError, match="own shard"):
         analysis.scaling_table(["501", "503"], tmp_path)
     assert "not a valid scaling comparison" in figure_texts(analysis.scaling_plot(["501", "502"], tmp_path))
+
+
+def test_no_more_rounds_for_a_scaling_comparison_that_cannot_be_made(tmp_path, monkeypatch):
+    """day.submit_until_decided asks verdicts.scaling_decided: ranks without DDP (TODO TP2.2 untouched) make no speed-up
+    to judge, so another round would only cost time (the student course ran two more before, 2026-11-29)."""
+    from dlokit.analysis import verdicts
+
+    monkeypatch.setenv("DLOKIT_RUNS_DIR", str(tmp_path))
+    dlokit.use_profile("local")
+    write_run(tmp_path, "601", world_size=1, t_step=0.05)
+    # twice as slow a step on 2 ranks: no speed-up, which alone would read "within noise" and ask for another round
+    write_run(tmp_path, "602", world_size=2, t_step=0.1, observed={"ddp_wrapped": False, "sampler": "RandomSampler"})
+    assert verdicts.scaling_decided(["601", "602"]) is True
 
 
 def test_an_unreadable_run_is_a_row_of_the_scaling_table_not_a_refusal(tmp_path):

@@ -38,10 +38,14 @@ def scaling_views(scaling, by_size: dict, on_gpu: bool) -> list:
 def scaling_decided(job_ids) -> bool:
     """TP2.2's rounds (day.submit_until_decided): does the most ranks against one decide (agrees or contradicts)?"""
     from dlokit.analysis.run import ran_on_gpu
-    from dlokit.analysis.scaling import runs_by_size
+    from dlokit.analysis.scaling import ScalingError, runs_by_size, scaling_table
     from dlokit.analysis.stats import WITHIN_NOISE
 
     by_size = runs_by_size(job_ids)
+    try:
+        scaling_table(job_ids)
+    except ScalingError:  # e.g. ranks without DDP (TODO TP2.2): no speed-up to judge, however many rounds
+        return True
     if len(by_size) < 2:
         return True  # nothing to compare: more rounds would not decide anything
     judged = lessons.judge("ddp", by_size[min(by_size)], by_size[max(by_size)], ran_on_gpu(job_ids[0]), "")
