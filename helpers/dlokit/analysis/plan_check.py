@@ -32,10 +32,9 @@ def _on_gpu(run) -> bool:
     return run.config.get("process_group_backend") == "nccl"
 
 
-def by_layout(chosen: pd.DataFrame, job_ids, runs_dir=None) -> list[list]:
-    """The runs of each chosen layout, in the planner's order: the jobs were submitted in rounds (day.layout_runs with
-    `repeats`), job i ran layout i % len(chosen). Empty when the jobs are not whole rounds of the layouts."""
-    runs = load_runs(list(job_ids), runs_dir)
+def by_layout(chosen: pd.DataFrame, runs: list) -> list[list]:
+    """The runs (loaded, in submission order) of each chosen layout, in the planner's order: the jobs were submitted in
+    rounds (day.layout_runs with `repeats`), job i ran layout i % len(chosen). Empty when they are not whole rounds."""
     n = len(chosen)
     if not n or not runs or len(runs) % n:
         return []
@@ -45,7 +44,7 @@ def by_layout(chosen: pd.DataFrame, job_ids, runs_dir=None) -> list[list]:
 def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.DataFrame:
     """One row per chosen layout: its runs (every round of day.layout_runs) against the prediction."""
     rows = []
-    for (_, plan), runs in zip(chosen.iterrows(), by_layout(chosen, job_ids, runs_dir)):
+    for (_, plan), runs in zip(chosen.iterrows(), by_layout(chosen, load_runs(list(job_ids), runs_dir))):
         run = runs[0]
         measured = _measured(run)
         try:

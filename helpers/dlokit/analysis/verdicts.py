@@ -41,11 +41,11 @@ def scaling_decided(job_ids) -> bool:
     from dlokit.analysis.scaling import ScalingError, runs_by_size, scaling_table
     from dlokit.analysis.stats import WITHIN_NOISE
 
-    by_size = runs_by_size(job_ids)
     try:
         scaling_table(job_ids)
     except ScalingError:  # e.g. ranks without DDP (TODO TP2.2): no speed-up to judge, however many rounds
         return True
+    by_size = runs_by_size(job_ids)
     if len(by_size) < 2:
         return True  # nothing to compare: more rounds would not decide anything
     judged = lessons.judge("ddp", by_size[min(by_size)], by_size[max(by_size)], ran_on_gpu(job_ids[0]), "")

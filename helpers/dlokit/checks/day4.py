@@ -445,7 +445,7 @@ def planner_pick(job_ids, chosen):
     if problem:
         return problem
     names = list(chosen["layout"])
-    runs = by_layout(chosen, ids(job_ids))  # each layout's runs, every round
+    runs = by_layout(chosen, done)  # each layout's runs, every round
     if len(names) < 2 or not runs:
         return failed(f"pass the jobs of layout_planner.candidates' {len(names)} layouts, in its order, a round or "
                       f"more (day.layout_runs; got {len(done)} jobs)")
