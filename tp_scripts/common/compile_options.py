@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01, help="learning rate of the model's SGD (momentum 0.9) and of Adam")
     # 2048 x 1024 (8 MiB a tensor): compile-default ran the function x1.60 and x1.64 eager's speed in two standalone
     # runs, x1.25 and x1.27 at 4096 x 1024; in the course's jobs it still reads x0.98 to x1.35 (docs/benchmarks.md)
-    p.add_argument("--function-rows", type=int, default=2048, help="rows of the function's input (softmax over each row)")
+    p.add_argument("--function-rows", type=int, default=2048, help="rows of the function's input")
     p.add_argument("--function-cols", type=int, default=1024, help="columns of the function's input")
     p.add_argument("--warmup-steps", type=int, default=3,
                    help="first calls of each variant, timed apart: compiling, TorchScript's profiling runs")
