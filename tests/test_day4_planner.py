@@ -122,6 +122,24 @@ def test_rounds_of_the_layouts_judge_the_pick_over_their_runs(records):
     assert checks.planner_pick(rounds[:5], chosen).status == "failed"  # not whole rounds: which job ran which layout?
 
 
+def test_more_rounds_while_the_pick_against_the_slowest_does_not_decide(records):
+    """day.submit_until_decided's question for TP4.9: two rounds where CP read ×1.4 then ×0.9 of DDP do not decide, a
+    third at ×1.5 still does not, rounds where CP is four times slower do; one layout, or a failed job, ends the
+    rounds (nothing more to learn)."""
+    chosen = _chosen(["DDP", "ZeRO-1", "CP"], [0.004, 0.0045, 0.011])
+    spread = [train_run(records, name, t, jitter=0.2) for name, t in
+              (("a1", 0.030), ("b1", 0.031), ("c1", 0.042), ("a2", 0.040), ("b2", 0.041), ("c2", 0.036))]
+    assert not plan_check.decided(chosen, spread)
+    assert not plan_check.decided(chosen, spread + [train_run(records, name, t, jitter=0.2) for name, t in
+                                                    (("a3", 0.030), ("b3", 0.031), ("c3", 0.045))])
+    clear = [train_run(records, name, t) for name, t in
+             (("d1", 0.030), ("e1", 0.031), ("f1", 0.12), ("d2", 0.032), ("e2", 0.030), ("f2", 0.11))]
+    assert plan_check.decided(chosen, clear)
+    assert plan_check.decided(chosen.iloc[:1], clear[:1])
+    (records / "c2" / "rank1" / "summary.json").unlink()  # a rank that never finished: the check says so
+    assert plan_check.decided(chosen, spread)
+
+
 def test_prediction_beside_measurement_with_the_ratio_and_why_it_is_off(records):
     ids = [train_run(records, "a", 0.030), train_run(records, "b", 0.045)]
     chosen = _chosen(["DDP", "ZeRO-1"], [0.003, 0.0045])

@@ -51,12 +51,14 @@ DAY3_STUDENT = {**DAY3_TINY, "LR_FINDER_TRIALS": 3, "LR_FINDER_OPTIMIZERS": ["sg
 DAY4_TINY = {"CONFIG": "tiny", "SEQ_LEN": 32, "BATCH": 4, "STEPS": 3, "MEMORY_MODES": ["ddp", "zero1", "fsdp"],
              "MICROBATCHES": [1, 4], "PP_SEQ_LEN": 128, "LOSS_MODES": ["ddp", "zero1", "fsdp", "pp"],
              "COMPRESS_STEPS": 10, "COMPRESS_SPARSITIES": [0.5], "COMPILE_STEPS": 6, "COMPILE_REPEATS": 1, "REFRESH_S": 1,
-             "SCAN_BATCHES": [64, 128, 256], "COMM_MAX_MIB": 1, "PAPER_GPUS": [8, 64], "NICKNAME": "nbtest"}
+             "SCAN_BATCHES": [64, 128, 256], "COMM_MAX_MIB": 1, "PAPER_GPUS": [8, 64], "PLAN_MAX_REPEATS": 2,
+             "NICKNAME": "nbtest"}
 # The untouched TODOs fail their checks at any size: the student run keeps one job where the solution needs several
 # (the scan's DDP bracketed by 64 and 128, one lever, one ZeRO stage beside the offloaded one, the planner's pick and
 # its slowest)
 DAY4_STUDENT = {**DAY4_TINY, "LOSS_MODES": ["tp-scratch"], "SCAN_BATCHES": [64, 128], "SCAN_LEVERS": [["--cpu-offload"]],
-                "DS_STAGES": [2], "PLAN_TOP": 1, "PLAN_REPEATS": 1, "COMPRESS_STEPS": 2}
+                "DS_STAGES": [2], "PLAN_TOP": 1, "PLAN_REPEATS": 1, "PLAN_MAX_REPEATS": 1,
+                "COMPRESS_STEPS": 2}
 # One run of each command: the alternated repeats are Day 1's (REPEATS 2 there) and the verdicts' intervals come from
 # the steps of one run; a second round of Day 2's DDP runs cost ~75 s of the suite
 DAY2_TINY = {**TINY, "WORKERS": 1, "AUG_IMAGES": 16, "DDP_BATCH": 8, "CURVE_EPOCHS": 1, "REPEATS": 1, "MAX_REPEATS": 1}
