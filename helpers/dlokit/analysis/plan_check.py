@@ -21,7 +21,7 @@ from dlokit import memory_model
 from dlokit.analysis.figures import message_figure, new_figure
 from dlokit.analysis.llm_memory import MIB, _measured
 from dlokit.analysis.run import COMPLETED, load_runs
-from dlokit.analysis.stats import estimate
+from dlokit.analysis.stats import Estimate, estimate, ratio
 
 COLUMNS = ["layout", "run_id", "state", "predicted_rank", "memory_predicted_mib", "memory_measured_mib",
            "memory_ratio", "step_predicted_ms", "step_measured_ms", "step_low_ms", "step_high_ms", "step_ratio",
@@ -45,14 +45,18 @@ def decided(chosen: pd.DataFrame, job_ids, runs_dir=None) -> bool:
     """TP4.9's rounds (day.submit_until_decided): does the pick against the layout predicted slowest decide (its
     interval clear of 1, either side)? Two runs each read CP ×2.4 [0.59–9.4] of DDP in one course run and ×3.9
     [1.2–12.9] in the next (2026-11-29, the machine loaded): the check's second sentence hung on one slow run."""
-    from dlokit.analysis.stats import ratio
-
     loaded = load_runs(list(job_ids), runs_dir)
     runs = by_layout(chosen, loaded)
     if len(runs) < 2 or any(run.state != COMPLETED for run in loaded):
         return True  # one layout, or a job that did not complete (the check says why): more rounds decide nothing
-    slow = ratio(runs[0], runs[-1], "t_step")
+    slow = slowest_against_pick(runs)
     return not slow.usable or slow.low > 1 or slow.high < 1
+
+
+def slowest_against_pick(runs: list[list]) -> Estimate:
+    """The step of the layout predicted slowest (the last of by_layout) over the pick's (the first), with its interval:
+    what TP4.9's check judges and its rounds wait on."""
+    return ratio(runs[0], runs[-1], "t_step")
 
 
 def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.DataFrame:

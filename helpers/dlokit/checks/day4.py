@@ -438,7 +438,7 @@ def planner_pick(job_ids, chosen):
     day.layout_runs with `repeats`; one run each: its steps' interval widened by this machine's run-to-run spread). The layout it predicts slow (the last) is either measured slower, or the check says plainly that this
     machine cannot tell them apart. Both sentences keep their words from one course run to the next; the numbers are in
     the parts."""
-    from dlokit.analysis.plan_check import by_layout
+    from dlokit.analysis.plan_check import by_layout, slowest_against_pick
     from dlokit.analysis.stats import ratio
 
     done, problem = _completed(job_ids)
@@ -469,7 +469,7 @@ def planner_pick(job_ids, chosen):
                  f"{NOT_APPLICABLE_PREFIX}{names[fastest]} measured faster than the planner's pick, {pick} ({how}): "
                  "at these sizes a step is bound by each operation's launch and each collective's fixed cost, which "
                  "the step model leaves out (the notes under the comparison table)")
-    slow_ratio = ratio(runs[0], runs[-1], "t_step")
+    slow_ratio = slowest_against_pick(runs)
     predicted = float(chosen["step_s"].iloc[-1]) / float(chosen["step_s"].iloc[0])
     slower = slow_ratio.usable and slow_ratio.low > 1
     second = part("predicted slow", PASSED if slower else INFO,
