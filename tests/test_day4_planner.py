@@ -116,6 +116,7 @@ def test_rounds_of_the_layouts_judge_the_pick_over_their_runs(records):
     assert checks.planner_pick(rounds[:3], chosen).part("fastest").status == "not applicable"
     result = checks.planner_pick(rounds, chosen)
     assert result.part("fastest").status == "passed" and "2 runs each" in result.part("fastest").message
+    assert "DDP: predicted 4.00 ms a step, measured 29.4 ms (geometric mean of 2 runs: 36.0, 24.0 ms)" in result.details
     assert result.part("predicted slow").status == "passed"  # CP, ×4 slower in both rounds
     table = plan_check.predicted_vs_measured(chosen, rounds)
     assert table["run_id"].tolist() == ["a1, a2", "b1, b2", "c1, c2"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from .framework import FAILED, INFO, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, Part, check, failed, from_parts, not_applicable, part, passed
@@ -452,12 +453,12 @@ def planner_pick(job_ids, chosen):
     steps = [_step_estimate(group) for group in runs]
     if None in steps:
         return failed("a run has no settled step to time: give its jobs more --steps (PLAN_STEPS)")
-    details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {_ms(s)}"
-               for name, p, s in zip(names, chosen["step_s"], steps)]
+    details = [f"{name}: predicted {1e3 * float(p):.2f} ms a step, measured {_ms(s, group)}"
+               for name, p, s, group in zip(names, chosen["step_s"], steps, runs)]
     fastest = min(range(len(runs)), key=lambda i: steps[i].value)
     pick = names[0]
     if fastest == 0:
-        within, how = True, f"{pick} measured fastest: {_ms(steps[0])} a step"
+        within, how = True, f"{pick} measured fastest: {_ms(steps[0], runs[0])} a step"
     else:
         r = ratio(runs[fastest], runs[0], "t_step")
         within = r.usable and r.low <= 1
@@ -482,8 +483,15 @@ def planner_pick(job_ids, chosen):
     return from_parts([first, second], message, details)
 
 
-def _ms(value) -> str:
-    return f"{1e3 * value.value:.1f} [{1e3 * value.low:.1f}–{1e3 * value.high:.1f}] ms"
+def _ms(value, runs) -> str:
+    """One run: its median step with the steps' interval. Several: their mean and each run's median, since a t-interval
+    over two or three runs (one or two degrees of freedom) reads e.g. 45.4 [0.8–2662.5] ms, true and of no use."""
+    from dlokit.analysis.stats import step_values
+
+    if value.runs < 2:
+        return f"{1e3 * value.value:.1f} [{1e3 * value.low:.1f}–{1e3 * value.high:.1f}] ms"
+    each = ", ".join(f"{1e3 * float(np.median(v)):.1f}" for v in (step_values(r, "t_step") for r in runs) if len(v))
+    return f"{1e3 * value.value:.1f} ms (geometric mean of {value.runs} runs: {each} ms)"
 
 
 def _step_estimate(runs):
