@@ -458,7 +458,7 @@ def planner_pick(job_ids, chosen):
     fastest = min(range(len(runs)), key=lambda i: steps[i].value)
     pick = names[0]
     if fastest == 0:
-        within, how = True, f"{pick} measured fastest: {_ms(steps[0], runs[0])} a step"
+        within, how = True, f"{pick} measured fastest, {1e3 * steps[0].value:.1f} ms a step"
     else:
         r = ratio(runs[fastest], runs[0], "t_step")
         within = r.usable and r.low <= 1
