@@ -77,6 +77,9 @@ def test_plan_refuses_bad_input_with_exit_code_2(capsys):
     assert cli.main(["plan", "--config", "1b", "--n-gpu", "8", "--profile", "jean-zay", "--preview", "99",
                      "--account", "abc@a100"]) == 2
     assert "--preview 99" in capsys.readouterr().err
+    assert cli.main(["plan", "--config", "1b", "--n-gpu", "8", "--profile", "jean-zay", "--gpu", "H100", "--preview",
+                     "--account", "abc@h100"]) == 2  # an H100 plan, a profile whose nodes are A100s
+    assert "the plan is for H100-80GB, but profile 'jean-zay' asks Slurm for --constraint=a100" in capsys.readouterr().err
 
 
 def _measured(runs, per_rank_flops: float, busbw: float, ranks: int = 8):

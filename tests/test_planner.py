@@ -161,9 +161,19 @@ def test_a_cluster_on_paper_has_a_plan_that_fits_an_80gb_gpu(config, gpus):
 
 
 def test_the_chosen_layout_previews_as_a_batch_script():
-    table = layout_planner.on_paper(model_config(layout_planner.LLM, "1b"), "H100-80GB", 16, batch_size=64, seq_len=2048)
-    script = layout_planner.preview(table.iloc[0], profile="jean-zay", n_gpu=16, account="abc@h100")
+    table = layout_planner.on_paper(model_config(layout_planner.LLM, "1b"), "A100-80GB", 16, batch_size=64, seq_len=2048)
+    script = layout_planner.preview(table.iloc[0], profile="jean-zay", n_gpu=16, account="abc@a100")
     assert "#SBATCH" in script and "train_llm.py" in script and table.iloc[0]["options"].split()[1] in script
+    assert "--constraint=a100" in script
+
+
+def test_a_plan_for_one_gpu_is_refused_a_script_that_asks_slurm_for_another():
+    """jean-zay's nodes are A100s (--constraint=a100): an H100 plan's memory and step do not hold there."""
+    table = layout_planner.on_paper(model_config(layout_planner.LLM, "1b"), "H100-80GB", 16, batch_size=64, seq_len=2048)
+    with pytest.raises(ValueError, match="the plan is for H100-80GB, but profile 'jean-zay' asks Slurm for "
+                                         "--constraint=a100: plan for its GPU \\(A100-80GB\\)"):
+        layout_planner.preview(table.iloc[0], profile="jean-zay", n_gpu=16, account="abc@h100")
+    assert "#SBATCH" in layout_planner.preview(table.iloc[0], profile="local-slurm", n_gpu=16)  # no GPU model asked
 
 
 def test_the_calculator_shows_the_step_its_layout_is_predicted_to_take():

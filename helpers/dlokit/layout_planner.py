@@ -264,11 +264,24 @@ def preview(row, *, profile: str, n_gpu: int, time_max: str = "00:30:00", accoun
     from dlokit.submission.jobspec import JobSpec, sbatch_preview
 
     a = row.attrs if hasattr(row, "attrs") and row.attrs else {}
+    chosen = profiles.get_profile(profile, **({"account": account} if account else {}))
+    _same_gpu(a.get("target"), chosen)
     command = [row["script"], *shlex.split(row["options"]), "--config", config, "--steps", str(steps),
                *(["--batch-size", str(a["batch_size"]), "--seq-len", str(a["seq_len"]), "--dtype", a["dtype"]]
                  if a else [])]  # the plan's sizes and dtype: its memory holds for these
     spec = JobSpec.from_command(command, name=name, n_gpu=n_gpu, time_max=time_max)
-    return sbatch_preview(spec, profiles.get_profile(profile, **({"account": account} if account else {})))
+    return sbatch_preview(spec, chosen)
+
+
+def _same_gpu(target: str | None, profile) -> None:
+    """A plan's memory and step hold for its GPU: refuse a batch script whose --constraint asks Slurm for another."""
+    asked = (profile.constraint or "").lower()
+    models = {name.split("-")[0].lower() for name in PAPER}
+    named = [model for model in models if model in asked]
+    if target and named and target.split("-")[0].lower() not in named:
+        raise ValueError(f"the plan is for {target}, but profile {profile.name!r} asks Slurm for --constraint={asked}: "
+                         f"plan for its GPU ({', '.join(t for t in PAPER if t.split('-')[0].lower() in named)}) or "
+                         f"choose a profile whose nodes have {target.split('-')[0]}")
 
 
 def on_paper(config, target: str = "H100-80GB", gpus: int = 8, *, batch_size: int, seq_len: int,

@@ -1,7 +1,8 @@
 """`dlokit plan`: which layout to submit on a cluster, on paper, in a terminal.
 
     dlokit plan --config 1b --n-gpu 64 --profile jean-zay                 # A100s (the profile's constraint), 80 GiB
-    dlokit plan --config 3b --n-gpu 16 --gpu H100 --gpu-memory 80 --profile jean-zay --preview --account abc@h100
+    dlokit plan --config 3b --n-gpu 16 --gpu H100 --gpu-memory 80 --profile jean-zay   # H100s on paper, 8 a node
+    dlokit plan --config 3b --n-gpu 16 --profile jean-zay --preview --account abc@a100   # the script for its A100s
     dlokit plan --config 1b --n-gpu 16 --profile jean-zay --peak-job 1234 --comm-job 1235   # measured there (TP4.9)
 
 Every layout the kit runs (layout_planner.plan) at one global batch: the layouts that fit ranked by predicted step
@@ -119,6 +120,7 @@ def make_plan(args) -> tuple[pd.DataFrame, list, str]:
         f"{margin['allocator_share']:.0%}",
         *([] if measured else ["  measure before trusting a close call: comm_bench.py on the cluster (TP4.9), then "
                                "--peak-job and --comm-job"])])
+    table.attrs["target"] = target  # the GPU the plan holds for: --preview refuses a profile that asks for another
     return table, refused, basis
 
 
