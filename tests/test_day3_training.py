@@ -342,6 +342,13 @@ def test_the_large_batch_lesson_is_read_from_the_interval_of_the_loss_difference
     shown = lesson((2.160, 1.16), (1.979, 0.44))
     assert shown["outcome"] == "agrees" and "LAMB's loss is lower by 0.181 [" in shown["text"]
     assert "interval of the difference above 0" in shown["text"] and "top-1 0.250" in shown["text"]
+    assert "Not every tuned run" not in shown["text"]
+    # a tuned SGD whose scaled lr blew up (2026-11-29: 3,205 against 2.22) is said beside the verdict, not hidden by it
+    ids = [lesson_run(tmp_path, "u", "sgd", 2.160, 1.16, tuned=False), lesson_run(tmp_path, "l", "lamb", 1.979, 0.44),
+           lesson_run(tmp_path, "t", "sgd", 3204.9, 900.0), lesson_run(tmp_path, "n", "lion", 2.07, 0.5)]
+    shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
+    assert shown["outcome"] == "agrees" and "Not every tuned run beat the untuned one: SGD (sqrt scaling, 3 warm-up " \
+        "steps) higher by 3202.740 [" in shown["text"] and "Lion" not in shown["text"]
     # the same means over 80 images: the interval of the difference now contains 0
     shown = lesson((2.160, 1.16), (1.979, 0.44), images=80)
     assert shown["outcome"] == "within noise" and "contains 0" in shown["text"]

@@ -329,10 +329,31 @@ def large_batch_lesson(job_ids, runs_dir=None) -> dict:
             f"{best.upper()}'s loss is {by(gain)}, an interval of the difference that contains 0: this run could not "
             f"show the lesson ({steps} optimizer steps at batch {int(large)}, {base.steps} validation images; the "
             "published table trained 75 epochs at batch 8192)")
+    others_at_large = at_large.drop(index=untuned.index.union(layerwise.index))  # what the verdict leaves unsaid
     text = (f"at global batch {int(large)}, the validation loss (mean over {base.steps} images, 95 % intervals): "
             f"untuned SGD (the small batch's lr, no warm-up) {base.value:.3f} [{base.low:.3f}–{base.high:.3f}] "
-            f"(top-1 {base_row.top1:.3f}), {words}; {verdict}")
+            f"(top-1 {base_row.top1:.3f}), {words}; {verdict}{_scaled_but_worse(others_at_large, base_sample, runs_dir)}")
     return {"outcome": outcome, "text": text, "rows": [base, *others.values()]}
+
+
+SHOWN = {"adamw": "AdamW", "lion": "Lion"}
+
+
+def _scaled_but_worse(tuned: pd.DataFrame, base_sample, runs_dir) -> str:
+    """The other tuned runs at the large batch (SGD, AdamW, Lion) whose loss ended above the untuned run's beyond
+    noise, said beside the verdict: a scaled learning rate and a warm-up are no guarantee (2026-11-29: SGD's lr
+    scaled ×9 with a 3-step warm-up ended at a loss of 3,205 against the untuned run's 2.22)."""
+    worse = []
+    for row in tuned.itertuples():
+        sample = val_loss_sample(row.run_id, runs_dir)
+        gain = stats.difference_of_means(sample, base_sample) if sample is not None else None
+        if gain is not None and gain.high < 0:
+            scaling = row.lr_scaling if isinstance(row.lr_scaling, str) else "no"
+            worse.append(f"{SHOWN.get(row.optimizer, row.optimizer.upper())} ({scaling} scaling, {int(row.warmup_steps or 0)} warm-up steps) "
+                         f"{lower_or_higher(gain)}")
+    return (f". Not every tuned run beat the untuned one: {'; '.join(worse)}: a learning rate scaled from the small "
+            "batch's and a warm-up do not by themselves make a large batch train (TP3.2's range test measures which "
+            "learning rates do)") if worse else ""
 
 
 RACE_KEYS = ("optimizer", "lr", "base_batch_size", "lr_scaling", "warmup_epochs", "lr_schedule")
