@@ -122,6 +122,27 @@ def test_the_interval_of_a_few_runs_of_a_speed_stays_positive():
     assert stats.ratio_of_samples(slow, fast).value == pytest.approx(arm.value / stats.estimate_of_samples(slow).value)
 
 
+def test_a_few_runs_of_one_command_pool_their_spread_with_the_machines():
+    """Two runs of 35.0 and 27.2 ms (TP4.9's ZeRO-1, 2026-11-29): one degree of freedom alone read 30.9 [6.3–152.2]
+    ms. With RUN_SPREAD's ten runs' degrees of freedom, and the larger of their own spread and the pooled one."""
+    two = [steps(35.0, 9, 0.01), steps(27.2, 9, 0.01)]
+    alone, pooled = stats.estimate_of_samples(two), stats.of_runs(two)
+    assert alone.low < 7 and alone.high > 140  # what it was
+    assert pooled.basis == stats.POOLED and pooled.value == pytest.approx(alone.value)
+    own = np.std(np.log([np.median(s) for s in two]), ddof=1)  # 0.178: above the pooled spread, so it is the one used
+    assert np.log(pooled.high / pooled.value) == pytest.approx(scipy_stats.t.ppf(0.975, 10) * own / np.sqrt(2), rel=1e-6)
+    assert 22 < pooled.low < 25 and 39 < pooled.high < 43 and "pooled with that of 10 runs" in pooled.basis_text
+    # runs that agree closely get the machine's spread, pooled: 273 and 290 img/s (Day 2's 1 rank, 2026-11-29)
+    close = stats.of_runs([steps(273, 9, 0.01), steps(290, 9, 0.01)])
+    s2 = (9 * stats.RUN_SPREAD ** 2 + np.var(np.log([273, 290]), ddof=1)) / 10
+    assert np.log(close.high / close.value) == pytest.approx(scipy_stats.t.ppf(0.975, 10) * np.sqrt(s2 / 2), rel=0.01)
+    assert 240 < close.low < 255 and 315 < close.high < 330
+    # runs far apart keep their own spread: a wide interval
+    apart = stats.of_runs([steps(60.0, 9, 0.01), steps(20.0, 9, 0.01)])
+    assert apart.high / apart.low > 5 and apart.low < 20 and apart.high > 60
+    assert stats.of_runs(two[:1]).basis == stats.STEPS  # one run: its steps, as before
+
+
 def test_intervals_of_a_mean_and_of_a_difference_of_means_are_scipys():
     rng = np.random.default_rng(3)
     a, b = rng.normal(2.0, 0.45, 400), rng.normal(2.4, 1.4, 80)

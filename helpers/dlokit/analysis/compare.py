@@ -97,7 +97,8 @@ def _samples(runs, metric: str, table: pd.DataFrame) -> list:
 
 def _arm_row(label: str, runs, metric: str, table: pd.DataFrame) -> dict:
     rows = table[table["run_id"].isin([r.run_id for r in runs])]
-    value = stats.estimate_of_samples(_samples(runs, metric, table))
+    samples = _samples(runs, metric, table)
+    value = stats.of_runs(samples) if metric in STEP_METRICS else stats.estimate_of_samples(samples)
     return {"arm": label, "runs": ", ".join(r.run_id for r in runs), "state": "/".join(sorted(set(rows["state"]))),
             metric: value.value, "low": value.low, "high": value.high,
             "overlapped_by": ", ".join(o for o in rows["overlapped_by"] if o),

@@ -39,6 +39,7 @@ SAME_COMPUTATION = "same computation"  # the records show that both arms compute
 RUNS, STEPS = "runs", "steps"  # what an interval rests on
 WIDENED = "steps + run spread"  # one run each: its steps' interval, widened by RUN_SPREAD
 FLOORED = "runs, spread at least RUN_SPREAD"  # few runs each that happened to agree: their spread taken as RUN_SPREAD
+POOLED = "runs, spread pooled with RUN_SPREAD"  # a value over a few runs: their spread and RUN_SPREAD's runs together
 # Two runs of one command differ by more than either run's steps say. Ten runs of TP2.2's 1-rank command, alone on
 # the project's 2-core machine (docs/benchmarks.md, course 18, 2026-11-28): the standard deviation of the log of their
 # medians was 0.082 (78.8 to 100.9 img/s). A ratio of one run each adds that spread twice, with the t quantile of the
@@ -128,6 +129,9 @@ class Estimate:
         if self.basis == FLOORED:
             return (f"{self.runs} runs each; they agreed more closely than runs of one command do here, so their "
                     f"spread is taken as that one (±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run, measured here)")
+        if self.basis == POOLED:
+            return (f"{self.runs} runs, their spread pooled with that of {RUN_SPREAD_RUNS} runs of one command measured "
+                    f"on the course's 2-core machine (±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run)")
         if self.basis == WIDENED:
             return (f"1 run each, {self.steps} steps, widened by the spread between two runs of one command "
                     f"(±{100 * (math.exp(run_spread_half_width(self.confidence)) - 1):.0f} %, measured here)")
@@ -158,9 +162,29 @@ def _as_list(runs) -> list:
 
 
 def estimate(runs, metric: str = "throughput_train", confidence: float = CONFIDENCE) -> Estimate:
-    """The value of one command (one or several runs of it) with its interval."""
+    """The value of one command (one or several runs of it) with its interval: over several runs, of_runs."""
     samples = _arm(runs, metric)
-    return estimate_of_samples(samples, confidence)
+    return of_runs(samples, confidence) if len(samples) >= 2 else estimate_of_samples(samples, confidence)
+
+
+def of_runs(samples: list, confidence: float = CONFIDENCE) -> Estimate:
+    """Several runs of one command (one array of steps each): the geometric mean of their medians, its t-interval on
+    the log scale. Two runs alone give the t quantile of one degree of freedom (12.7): runs of 35.0 and 27.2 ms read
+    30.9 [6.3–152.2] ms, true and of no use. The spread between runs of one command on this kind of machine is known
+    (RUN_SPREAD, ten runs): it is pooled with theirs, degrees of freedom included, and runs further apart than that
+    keep their own spread (the larger of the two is used): 30.9 [23.3–40.9] ms."""
+    samples = [np.asarray(s, dtype=float) for s in samples if len(s)]
+    medians = np.array([np.median(s) for s in samples])
+    if len(samples) < 2 or not (medians > 0).all():
+        return estimate_of_samples(samples, confidence)
+    points = np.log(medians)
+    df = (RUN_SPREAD_RUNS - 1) + (len(points) - 1)
+    own = float(np.var(points, ddof=1))
+    pooled = math.sqrt(((RUN_SPREAD_RUNS - 1) * RUN_SPREAD ** 2 + (len(points) - 1) * own) / df)
+    half = stats.t.ppf((1 + confidence) / 2, df) * max(pooled, math.sqrt(own)) / math.sqrt(len(points))
+    centre = float(points.mean())
+    return Estimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(points),
+                    sum(len(s) for s in samples), POOLED, confidence)
 
 
 def estimate_of_samples(samples: list, confidence: float = CONFIDENCE) -> Estimate:
