@@ -25,6 +25,16 @@ def test_day4_commands_name_the_script_its_sizes_and_the_mode(workspace):
     assert shlex.split(student.command(None, script="check_cp.py")) == [str(REPO / "tp_scripts" / "llm" / "check_cp.py")]
 
 
+def test_a_classifier_days_own_options_replace_its_sizes_once_each_on_the_line(workspace):
+    """The race's test job named --image-size and --batch-size twice (the day's, then the form's) before 2026-11-29:
+    the script took the last, the student read both."""
+    day = dlokit.setup_day("ann", "local", str(REPO / "tp_scripts" / "solutions"), data="synthetic", image_size=32,
+                           batch_size=8, verbose=False)
+    argv = shlex.split(day.command("--image-size", 64, "--lr", "0.1", steps=2))
+    assert argv == [str(day.script), "--data", "synthetic", "--model", day.model, "--batch-size", "8", "--test",
+                    "--test-nsteps", "2", "--print-every", "1", "--image-size", "64", "--lr", "0.1"]
+
+
 def test_a_script_a_tp_runs_is_found_beside_the_students_scripts_or_one_folder_up(workspace):
     for scripts in (REPO / "tp_scripts" / "solutions", REPO / "tp_scripts"):
         day = dlokit.setup_day("ann", "local", str(scripts), data="synthetic", verbose=False)

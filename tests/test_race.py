@@ -323,6 +323,10 @@ def test_a_warmup_as_long_as_the_test_or_the_race_still_runs(workspace, tiny):
     plan.epochs = 1
     argv = race.launch.run_command(day, plan, options)
     assert race.launch.option_value(argv, "--warmup-epochs") == "0.5"
+    named = [word for word in argv if word.startswith("--")]
+    assert len(named) == len(set(named)), argv  # each option once: what the student reads is what the script does
+    test_argv = load_run(test_id, day.runs).info.get("argv") or []
+    assert test_argv.count("--warmup-epochs") <= 1 and test_argv.count("--image-size") <= 1, test_argv
     job_id = race.submit_run(day, plan, options)
     outcome = dlokit.wait([job_id], timeout_s=300)[0]
     assert outcome.state == "COMPLETED", outcome

@@ -47,19 +47,21 @@ def check_begin(value) -> str:
 def submit_test(day, options=(), steps: int = TEST_STEPS, wait: bool = True) -> str:
     """A short timed --test job with the race options, on the race's GPU count; returns its job id. It saves one
     checkpoint at its last step: the race run saves one every epoch, and the plan counts that time."""
-    return day.submit(day.command("--checkpoint-steps", str(steps), *options, *NO_WARMUP, steps=steps),
+    options = [*without_overridden(list(map(str, options)), NO_WARMUP), *NO_WARMUP]  # a test's steps: no warm-up
+    return day.submit(day.command("--checkpoint-steps", str(steps), *options, steps=steps),
                       n_gpu=day.profile.race_gpus, wait=wait, tp=RACE_TAG)[0]
 
 
 def run_command(day, plan: RacePlan, options=()) -> list[str]:
     """The day's sizes first (as in its test job), then what the week chose (precision, layout, DataLoader:
-    `day.carried`), then the race options, which win where they repeat them; a warm-up as long as the plan's epochs
+    `day.carried`), then the race options, which replace any of them they name; a warm-up as long as the plan's epochs
     becomes half of them (fitted_warmup)."""
-    argv = [str(day.script), "--data", day.data, "--model", day.model, "--image-size", str(day.image_size),
-            "--batch-size", str(day.batch_size), "--epochs", str(plan.epochs), "--checkpoint-epochs",
-            "--checkpoint-on-signal", "--print-every", "20", *without_overridden(day.carried, options),
-            *map(str, options)]
-    return argv + fitted_warmup(argv, plan.epochs)
+    base = ["--data", day.data, "--model", day.model, "--image-size", str(day.image_size), "--batch-size",
+            str(day.batch_size), "--epochs", str(plan.epochs), "--checkpoint-epochs", "--checkpoint-on-signal",
+            "--print-every", "20", *day.carried]
+    argv = [str(day.script), *without_overridden(base, options), *map(str, options)]
+    fitted = fitted_warmup(argv, plan.epochs)
+    return [argv[0], *without_overridden(argv[1:], fitted), *fitted]
 
 
 def fitted_warmup(argv: list[str], epochs: int) -> list[str]:

@@ -68,8 +68,8 @@ class Day:
 
     def command(self, *options, batch_size: int | None = None, steps: int | None = None,
                 epochs: int | None = None, script: str | None = None) -> str:
-        """The command line of one job of the training script: what the earlier days chose (`carried`), then the
-        TP's options, which win where they name the same option; a timed `--test` run of `steps` steps, or, with
+        """The command line of one job of the training script: the day's sizes and what the earlier days chose
+        (`carried`), then the TP's options, which replace any of them they name (each option once on the line); a timed `--test` run of `steps` steps, or, with
         `epochs`, a real training with validation after each epoch.
         `script`: another script a TP runs (read_bench.py), with `options` only."""
         if script is not None:
@@ -78,10 +78,9 @@ class Day:
         steps = self.steps if steps is None else size("day.command(steps=...)", steps)
         length = ["--epochs", str(size("day.command(epochs=...)", epochs))] if epochs is not None else \
             ["--test", "--test-nsteps", str(steps)]
-        argv = [str(self.script), "--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
-                "--batch-size", str(batch_size), *length, "--print-every", "1",
-                *week.without_overridden(self.carried, options), *map(str, options)]
-        return shlex.join(argv)
+        base = ["--data", self.data, "--model", self.model, "--image-size", str(self.image_size),
+                "--batch-size", str(batch_size), *length, "--print-every", "1", *self.carried]
+        return shlex.join([str(self.script), *week.without_overridden(base, options), *map(str, options)])
 
     @property
     def carried(self) -> list[str]:
