@@ -45,6 +45,8 @@ POOLED = "runs, spread pooled with RUN_SPREAD"  # a value over a few runs: their
 # medians was 0.082 (78.8 to 100.9 img/s). A ratio of one run each adds that spread twice, with the t quantile of the
 # ten runs it was measured on: ±26 % at 95 %.
 RUN_SPREAD, RUN_SPREAD_RUNS = 0.082, 10
+RUN_SPREAD_SAID = (f"±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run, one standard deviation of {RUN_SPREAD_RUNS} runs on "
+                   "the course's 2-core machine")
 
 
 def warmup_steps(times) -> int:
@@ -127,14 +129,13 @@ class Estimate:
         if self.basis == RUNS:
             return f"{self.runs} runs each"
         if self.basis == FLOORED:
-            return (f"{self.runs} runs each; they agreed more closely than runs of one command do here, so their "
-                    f"spread is taken as that one (±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run, measured here)")
+            return (f"{self.runs} runs each; they agreed more closely than runs of one command do, so their spread is "
+                    f"taken as that one ({RUN_SPREAD_SAID})")
         if self.basis == POOLED:
-            return (f"{self.runs} runs, their spread pooled with that of {RUN_SPREAD_RUNS} runs of one command measured "
-                    f"on the course's 2-core machine (±{100 * (math.exp(RUN_SPREAD) - 1):.0f} % a run)")
+            return f"{self.runs} runs, their spread pooled with that of {RUN_SPREAD_RUNS} runs of one command ({RUN_SPREAD_SAID})"
         if self.basis == WIDENED:
             return (f"1 run each, {self.steps} steps, widened by the spread between two runs of one command "
-                    f"(±{100 * (math.exp(run_spread_half_width(self.confidence)) - 1):.0f} %, measured here)")
+                    f"({RUN_SPREAD_SAID})")
         return f"1 run each, {self.steps} steps: a second run may differ more"
 
     def text(self, unit: str = "×") -> str:
