@@ -81,14 +81,14 @@ LESSONS = {
     "compile": Lesson(
         "after a one-off compile time, compiled code runs each step faster (fused kernels, fewer memory trips)", True,
         "Llama-3.1-8B on 8×H100 with torchtitan: 5,762 tokens/s/GPU eager, 6,667 with torch.compile",
-        metric="t_step", measured="step time",
+        metric="t_step", measured="speed-up (eager's step time over the compiled one's)",
         evidence=("compiled",), shows="compiled {compiled}, compile time {t_compile:.1f} s", asked="variant",
         todo="TODO TP3.3 in compile_bench.py"),
     "fused_optimizer": Lesson(
         "an optimizer step fused per tensor (Adam(fused=True), PyTorch's own) beats the for-each implementation, "
         "which reads and writes every parameter once per operation", True,
         "no single public figure: PyTorch's optimizer docs rank the implementations fused, then foreach, then the "
-        "for-loop", metric="t_step", measured="step time"),
+        "for-loop", metric="t_step", measured="speed-up (the for-each step time over the fused one's)"),
     "augment_on_device": Lesson(
         "a training with batched mixup on the device runs faster than one with per-image RandAugment in the "
         "loader workers", True,
