@@ -30,7 +30,7 @@ def _spans_decades(ax, decades: int = 2) -> bool:
 
 
 # What tells one training from another in a legend, when the runs differ in it (a job id says nothing)
-_DIFFERENCES = (("global_batch_size", lambda v: f"batch {v}"), ("optimizer", str), ("lr", lambda v: f"lr {v:g}"),
+_DIFFERENCES = (("global_batch_size", lambda v: f"global batch {v}"), ("optimizer", str), ("lr", lambda v: f"lr {v:g}"),
                 ("lr_scaling", lambda v: "no lr scaling" if v == "none" else f"{v} lr scaling"),
                 ("warmup_epochs", lambda v: f"{float(v):g}-epoch warm-up" if float(v) else "no warm-up"),
                 ("lr_schedule", lambda v: f"{v} schedule"))
@@ -58,7 +58,7 @@ def training_curves(runs, runs_dir=None):
     loss_ax, acc_ax, lr_ax = axes[0]
     labels = _labels(plotted)
     for index, run in enumerate(plotted):
-        color, label = f"C{index % 10}", labels[run.run_id] + (f" ×{run.world_size} ranks" if run.world_size > 1 else "")
+        color, label = f"C{index % 10}", labels[run.run_id] + (f" on {run.world_size} ranks" if run.world_size > 1 else "")
         steps, vals, epochs = run.steps, run.lines("val"), _epoch_steps(run)
         for ax, frame, y, style, suffix in (
                 (loss_ax, steps, "loss", "-", " train"), (loss_ax, vals, "val_loss", "o--", " val"),
