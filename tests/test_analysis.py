@@ -478,7 +478,8 @@ def test_training_curves_name_each_run_by_what_sets_it_apart(tmp_path):
               **common)
     figure = analysis.training_curves(["1127-000000-aaaa", "1127-000000-bbbb"], tmp_path)
     labels = [text.get_text() for text in figure.axes[2].get_legend().get_texts()]  # one legend, the runs' colours
-    assert labels == ["aaaa: batch 16, no lr scaling, no warm-up", "bbbb: batch 150, linear lr scaling, 1-epoch warm-up"]
+    assert labels == ["aaaa: global batch 16, no lr scaling, no warm-up",
+                      "bbbb: global batch 150, linear lr scaling, 1-epoch warm-up"]
     assert figure.axes[0].get_legend() is None and figure.axes[1].get_legend() is None
     assert "dashed with circles: validation" in figure_texts(figure)
 
