@@ -2,15 +2,15 @@
 
 pipeline_timeline(run)  a Gantt chart of one step: each stage's forward, backward and loss per micro-batch
                         (the `pp_event` lines, seconds from the step's common start), idle time left blank
-bubble_table(runs)      per run: schedule, p, v, m, each stage's idle fraction (1 − busy / step time, mean of
-                        the timed steps), the pipeline's (the busiest stage's, the median of its timed steps with a
-                        95 % interval) and the theory's (p − 1) / (v·m + p − 1); also as bubble / ideal time
+bubble_table(runs)      per run: schedule, p, v, m, each stage's idle fraction (1 − busy / step time, median of
+                        the timed steps), the pipeline's (the busiest stage's, with a 95 % interval) and the theory's (p − 1) / (v·m + p − 1); also as bubble / ideal time
 bubble_trend(runs)      how the measured bubble moves from the fewest micro-batches to each count: falls, rises or
                         within noise, from the interval of the ratio of the two runs' per-step bubbles
 bubble_plot(runs)       the same against the number of micro-batches, with the intervals, theory as a dashed line
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 
@@ -61,8 +61,8 @@ def _idle_steps(run) -> dict[int, list]:
 
 
 def _idle_by_rank(run) -> dict[int, float]:
-    """Each rank's idle fraction, mean over its timed steps."""
-    return {rank: sum(values) / len(values) for rank, values in _idle_steps(run).items()}
+    """Each rank's idle fraction, the median of its timed steps (as the bubble's: a stray slow step moves it little)."""
+    return {rank: float(np.median(values)) for rank, values in _idle_steps(run).items()}
 
 
 def _busiest_steps(run) -> list:
@@ -93,7 +93,7 @@ def bubble_table(runs, runs_dir=None) -> pd.DataFrame:
                                         "bubble_over_ideal_theory"])
     table.attrs["basis"] = ("bubble_measured: the busiest stage's idle share of a step, the median of the timed steps, "
                             "bubble_low–bubble_high its 95 % interval; bubble_theory: (p−1)/(v·m+p−1); "
-                            "idle_by_stage: each stage's idle share")
+                            "idle_by_stage: each stage's idle share, the median of its timed steps")
     return table
 
 
@@ -189,7 +189,7 @@ def pipeline_timeline(run, step: int | None = None, runs_dir=None):
     measured = f"{min(idle.values()):.2f}" if idle else "?"
     ax.set(xlabel="ms from the step's start (all stages start together)",
            title=f"{run.label}: {schedule}, p={p}, m={m}" + (f", v={v}" if v > 1 else "") +
-                 f" — step {step}; bubble measured {measured} (mean of timed steps) vs (p−1)/(v·m+p−1) "
+                 f" — step {step}; bubble measured {measured} (median of timed steps) vs (p−1)/(v·m+p−1) "
                  f"= {_theory(p, v, m):.2f}")
     ax.title.set_fontsize(9)
     present = [phase for phase in PHASE_COLORS if phase in set(chosen["phase"])]
