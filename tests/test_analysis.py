@@ -550,6 +550,10 @@ def test_profiler_breakdown_of_real_cpu_trace(tmp_path):
     wedges = [p.get_label() for p in figure.axes[0].patches]
     assert "CPU Exec" in wedges and "Kernel" not in wedges
     assert "no Chrome-trace" in figure_texts(analysis.breakdown_pie(tmp_path / "empty-folder"))
+    # the table a notebook shows: a CPU's empty GPU categories said once, not five rows of 0
+    shown = analysis.profiler.breakdown_percents({"batch 8": small, "batch 128": large})
+    assert "Kernel" not in shown.index and {"DataLoader", "CPU Exec"} <= set(shown.index)
+    assert shown.attrs["notes"][0].startswith("no time in Kernel, Memcpy, Memset") and "had no GPU" in shown.attrs["notes"][0]
 
 
 def test_profiler_breakdown_of_a_run_folder(tmp_path):

@@ -384,10 +384,18 @@ def breakdowns_of(jobs, titles) -> dict:
 
 
 def breakdown_percents(breakdowns: dict) -> pd.DataFrame:
-    """Each breakdown's share of the step per category (%), one column per title (no column when none)."""
+    """Each breakdown's share of the step per category (%), one column per title (no column when none). The
+    categories no trace has any time in (a CPU's: no kernel, copy or CUDA call) are said once below, not as rows of 0."""
     if not breakdowns:
         return pd.DataFrame()
-    return pd.concat([t["percent"].rename(title) for title, t in breakdowns.items()], axis=1).round(1)
+    table = pd.concat([t["percent"].rename(title) for title, t in breakdowns.items()], axis=1).round(1)
+    empty = table.index[(table == 0).all(axis=1)]
+    shown = table.drop(index=empty)
+    shown.attrs["basis"] = "% of the profiled step's time, per category (the TensorBoard profiler's)"
+    if len(empty):
+        shown.attrs["notes"] = [f"no time in {', '.join(map(str, empty))} in any trace"
+                                + (": the runs had no GPU" if {"Kernel", "Runtime"} <= set(empty) else "")]
+    return shown
 
 
 def breakdown_pies(breakdowns: dict):
