@@ -363,6 +363,10 @@ def test_best_accuracies_side_by_side_are_ranked_only_beyond_noise():
     table = pd.DataFrame({"study": ["grid", "random", "tpe"], "best_top1": [0.40, 0.10, 0.42],
                           "top1_low": [0.31, 0.05, 0.33], "top1_high": [0.50, 0.18, 0.52]})
     assert samplers._verdicts(table) == [samplers.WITHIN_NOISE, samplers.BELOW, samplers.HIGHEST]
+    # two pruners that kept the same best trial (2026-11-29: successive halving and Hyperband, 0.335 each): both highest
+    tie = pd.DataFrame({"study": ["successive-halving", "hyperband"], "best_top1": [0.335, 0.335],
+                        "top1_low": [0.291, 0.291], "top1_high": [0.383, 0.383]})
+    assert samplers._verdicts(tie) == [samplers.HIGHEST, samplers.HIGHEST]
 
 
 def test_bad_arguments_are_refused_with_a_reason(workspace, tmp_path):

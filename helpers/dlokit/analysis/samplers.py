@@ -82,7 +82,7 @@ def _verdicts(table: pd.DataFrame) -> list[str]:
     for row in table.itertuples():
         if pd.isna(row.best_top1):
             said.append("no complete trial with a validation")
-        elif row.study == leader["study"]:
+        elif row.study == leader["study"] or row.best_top1 == leader["best_top1"]:  # a tie: each is the highest
             said.append(HIGHEST)
         else:
             said.append(BELOW if row.top1_high < leader["top1_low"] else WITHIN_NOISE)
