@@ -168,7 +168,8 @@ def _bars(out: pd.DataFrame, metric: str, base: str, table: pd.DataFrame, estima
                   hatch=["//" if r.overlapped_by or busy(r.foreign_cpu) else "" for r in plotted.itertuples()])
     ax.bar_label(bars, labels=[_bar_label(r.arm, base, estimates, same) for r in plotted.itertuples()],
                  fontsize=8, padding=2)
-    ax.set(ylabel=metric, title=f"{metric} (ratio to {base}, 95 % interval)")
+    ax.set(ylabel=metric)
+    ax.set_title(f"{metric}\n(ratio to {base}, 95 % interval)", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     add_notes(figure, notes)
     return figure

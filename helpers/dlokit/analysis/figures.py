@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -48,6 +49,8 @@ def add_notes(figure: Figure, notes: list[str]) -> None:
         notes = notes[:MAX_NOTES - 1] + [f"… and {len(notes) - MAX_NOTES + 1} more (see the table)"]
     if notes:
         width, height = figure.get_size_inches()
+        per_line = max(40, int(width * 15))  # characters of 8-point text across the figure: longer notes wrap
+        notes = [line for note in notes for line in textwrap.wrap(str(note), per_line, subsequent_indent="  ") or [""]]
         extra = 0.16 * len(notes)  # inches of text: the figure grows instead of squeezing the plot
         figure.set_size_inches(width, height + extra)
         share = extra / (height + extra)
