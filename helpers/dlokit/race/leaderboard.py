@@ -345,12 +345,15 @@ class Leaderboard:
             ax.annotate(row.nickname, (row.gpu_hours, row.top1), textcoords="offset points", xytext=(4, 4),
                         fontsize=8)
         front = [points[i] for i in pareto_front(points)]
-        if front:
-            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="#1a7f37",
-                    label="Pareto front")
-            ax.legend(loc="lower right")
+        if front:  # a ring on each entry of the front: a front of one entry has no line to draw
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="#1a7f37")
+            ax.plot([p[0] for p in front], [p[1] for p in front], "o", markersize=12, markerfacecolor="none",
+                    color="#1a7f37", label="Pareto front (no entry both cheaper and better)")
         if math.isfinite(self.budget_gpu_hours):
-            ax.axvline(self.budget_gpu_hours, color="#6e7781", linestyle="--", linewidth=1)
+            ax.axvline(self.budget_gpu_hours, color="#6e7781", linestyle="--", linewidth=1,
+                       label=f"budget: {self.budget_gpu_hours:.3g} GPU-hours")
+        if front or math.isfinite(self.budget_gpu_hours):
+            ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel("GPU-hours")
         ax.set_ylabel("best validation top-1")
         ax.set_title("Imagenet Race: accuracy against cost" if len(table) else "Imagenet Race: no entry yet")
