@@ -6,6 +6,7 @@ import pandas as pd
 
 from dlokit.analysis.compile_storage import fastest_read, read_table
 from dlokit.analysis.large_batch import range_tests
+from dlokit.analysis.table import as_number
 
 from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
 from .records import load_completed, load_last
@@ -44,7 +45,7 @@ def optimizers(job_ids):
         asked = run.config.get("optimizer", "sgd")
         built = (run.config.get("optimizer_class") or "?").rsplit(".", 1)[-1]
         details.append(f"run {run.run_id}: --optimizer {asked} built {built}, schedule {run.config.get('lr_schedule')}"
-                       f", peak lr {run.config.get('lr_peak')}")
+                       f", peak lr {_lr(run.config.get('lr_peak'))}")
         if built != EXPECTED_CLASS.get(asked, built):
             wrong_class.append(f"run {run.run_id} asked for --optimizer {asked} but built {built} "
                                f"(TODO TP3.1 in optim_setup.py)")
@@ -289,3 +290,8 @@ def storage(job_id):
                           "holds different images in each format's order); if they still differ, convert again "
                           "with data/convert_formats.py --force, then --verify", details)
     return passed(f"{', '.join(formats)} yield the same samples; {fastest_read(run.run_id, run.path.parent)}", details)
+
+
+def _lr(value) -> str:
+    number = as_number(value)
+    return "?" if number is None else f"{number:.3g}"

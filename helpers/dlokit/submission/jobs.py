@@ -866,7 +866,7 @@ def _memory_cause(card: JobCard, row: dict, usage: list[dict], detail: str) -> s
     own = (dict(option_groups(card.argv)).get("--memory-limit") or [None])[0]  # train_llm.py's device-sized limit
     refused = ("can't allocate memory", "cuda out of memory")  # PyTorch's CPU allocator, the CUDA allocator
     if own is not None and any(words in detail.lower() for words in refused):  # the script's own limit, not the job's
-        return (f"out of memory under the script's own --memory-limit of {own} MiB per rank (what TP4.2 sets), not "
+        return (f"out of memory under the script's own --memory-limit of {own} MiB per rank (what its TP set), not "
                 f"the job's ({measured}, against {limit}); a larger --memory-limit or a smaller batch fits\n"
                 f"{detail}").rstrip()
     return f"out of memory: {measured}, against {limit}; {where}\n{detail}".rstrip()
