@@ -360,3 +360,17 @@ def test_result_basics():
     assert result.status == checks.FAILED and "could not run (KeyError" in result.message
     assert broken.check_name == "a check that breaks" and checks.CHECKS["broken"] == "a check that breaks"
     del checks.CHECKS["broken"]
+
+
+def test_a_part_whose_message_names_it_says_its_name_once():
+    """A part's message may begin with its name, so that it reads alone when it heads the check (DeepSpeed's
+    "ZeRO-1: no rank holds optimizer states"); listed under the check, the name is not said twice."""
+    from dlokit.checks.framework import FAILED, PASSED, from_parts, part
+
+    parts = [part("ZeRO-1", PASSED, "ZeRO-1: each rank holds 0.50 of the optimizer"),
+             part("ZeRO-2", FAILED, "ZeRO-2: each rank keeps grads whole")]
+    result = from_parts(parts, "each shards what its stage says")
+    assert result.message == "ZeRO-2: each rank keeps grads whole"
+    assert [str(p) for p in parts] == ["✅ ZeRO-1: each rank holds 0.50 of the optimizer",
+                                       "❌ ZeRO-2: each rank keeps grads whole"]
+    assert str(part("speed", PASSED, "faster")) == "✅ speed: faster"

@@ -55,7 +55,8 @@ class Part:
         return MARKS[self.status]
 
     def __str__(self) -> str:
-        return f"{self.mark} {self.name}: {self.message}"
+        said = self.message if self.message.startswith(f"{self.name}: ") else f"{self.name}: {self.message}"
+        return f"{self.mark} {said}"  # a message that names its part already (it may head the check) says it once
 
     def as_json(self) -> dict:
         return {"name": self.name, "status": self.status, "mark": self.mark, "message": self.message}
