@@ -255,6 +255,7 @@ def test_the_memory_line_reads_the_tensors_a_step_holds_where_host_rss_hides_the
                                    runs_dir=tmp_path))
     assert "+ 0.43 [" in text and "MiB per image (95 % interval), measured on the tensors a step holds" in text
     assert "within noise" not in text and "interpreter" not in text
+    assert "16-bit copies" not in text and "in fp32 autocast keeps no copies" in text  # no --amp: no copies to name
 
 
 def write_scan_run(runs_dir, run_id, batch, images_per_s, spread, seed):

@@ -205,6 +205,8 @@ class BatchScan:
         self.oom = self.outcomes[self.outcomes["outcome"] == "OUT_OF_MEMORY"]
         table = memory_table(self.jobs, runs_dir)
         self.basis, self.fit = table.attrs["memory"], memory_fit(table)
+        self.autocast = any(str(run.config.get("amp") or "none") not in ("none", "fp32")
+                            for run in load_runs([j for j in self.jobs if j], runs_dir))
 
     @property
     def largest_fitting(self) -> int | None:
@@ -225,7 +227,8 @@ class BatchScan:
                          f"{fit['activation_mb_per_sample']:.2f} [{fit['slope_low']:.2f}–{fit['slope_high']:.2f}] "
                          f"MiB per image (95 % interval), measured on the {BASES[self.basis][2]}")
             lines.append(f"(weights + gradients + momentum alone are {self.model_states_mib:.0f} MiB; " + (
-                "the rest, if any, is the weights' 16-bit copies that autocast keeps for backward)"
+                ("the rest, if any, is the weights' 16-bit copies that autocast keeps for backward)" if self.autocast
+                 else "compare the line's intercept above: in fp32 autocast keeps no copies)")
                 if self.basis == "tensors" else
                 "the rest of the intercept is workspaces and transient tensors: max_memory_allocated "
                 "leaves out the CUDA context and the allocator's cache)" if self.on_gpu else
