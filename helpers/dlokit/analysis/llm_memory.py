@@ -90,7 +90,12 @@ def memory_comparison(runs, runs_dir=None) -> pd.DataFrame:
             rows.append(row)
         rows[-1]["states_ratio"] = _states(measured) / _states(modelled) if measured and modelled else None
     columns = ["run_id", "mode", "world_size", "state", "source", *CATEGORIES, "total", "states_ratio"]
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows, columns=columns)
+    dtypes = sorted({str(run.config.get("dtype") or "fp32") for run in load_runs(runs, runs_dir)})
+    table.attrs["basis"] = (f"MiB per rank, the tensors each rank holds ({', '.join(dtypes)}); gathered: FSDP's "
+                            "weights gathered for a block's forward or backward at their largest; states_ratio: "
+                            "measured over modelled params + grads + optimizer")
+    return table
 
 
 def memory_plot(runs, runs_dir=None):
