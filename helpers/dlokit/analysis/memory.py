@@ -144,7 +144,12 @@ def batch_speeds(runs, runs_dir=None, metric: str = "throughput_compute") -> pd.
                                   default=math.nan)
                               for i, run in enumerate(runs_in_order)]
     table["as_fast_as_larger"] = table["low_vs_larger"].isna() | (table["low_vs_larger"] >= 1 - EQUIVALENT_WITHIN)
-    return table[columns]
+    table = table[columns]
+    table.attrs["notes"] = [f"low_vs_larger: the lowest bound of the 95 % interval of this batch's speed over each larger "
+                            f"batch's; as_fast_as_larger: that bound is at least {1 - EQUIVALENT_WITHIN:g}, so no larger "
+                            f"batch is shown faster by more than {EQUIVALENT_WITHIN:.0%} (the largest batch: nothing "
+                            "to compare, True)"]
+    return table
 
 
 def chosen_batch(runs, runs_dir=None, metric: str = "throughput_compute") -> int | None:
