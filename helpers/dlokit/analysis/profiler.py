@@ -436,7 +436,7 @@ def allreduce_cost(traces, by_size: dict) -> str:
     lost = (base_ms * (step.value - 1), base_ms * (step.low - 1), base_ms * (step.high - 1))
     return "\n".join([
         f"a rank's step: {base_ms:.0f} ms alone, ×{step.value:.2f} [{step.low:.2f}–{step.high:.2f}] on "
-        f"{max(by_size)} ranks: {lost[0]:.0f} ms [{lost[1]:.0f}–{lost[2]:.0f}] more per step (TP2.2's runs)",
+        f"{max(by_size)} ranks: {lost[0]:.0f} ms [{lost[1]:+.0f} to {lost[2]:+.0f}] more per step (TP2.2's runs)",
         f"the profiled {max(by_size)}-rank job ({comm['steps']} steps, {comm['step_ms']:.0f} ms each): all-reduces "
         f"ran {comm['comm_ms']:.0f} ms per step, {comm['exposed_ms']:.0f} ms of it with no computation beside them "
         f"(read from its {comm['timeline']})",
