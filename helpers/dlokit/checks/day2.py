@@ -237,7 +237,7 @@ def unused_parameters(without_id, with_id):
     runs = current_profile().runs
     without, fixed = load_run(str(ids(without_id)[-1]), runs), load_run(str(ids(with_id)[-1]), runs)
     error = without.error or ""
-    details = [f"run {without.run_id} (no flag): {without.state}" + (f": {error[:160]}" if error else ""),
+    details = [f"run {without.run_id} (no flag): {without.state}" + (f": {_first_sentence(error)}" if error else ""),
                f"run {fixed.run_id} (--find-unused-parameters): {fixed.state}, blocks skipped "
                f"{fixed.summary.get('layer_drop_skipped')}, DDP find_unused "
                f"{observed(fixed).get('ddp_find_unused_parameters')}"]
@@ -272,3 +272,9 @@ def sync_bn_or_why(job_ids, had_gpu: bool):
     why = ("one GPU: SyncBatchNorm synchronises the statistics of several ranks" if had_gpu else
            "PyTorch runs SyncBatchNorm on GPUs only, and these jobs had none")
     return show(CheckResult(CHECKS["sync_bn"], NOT_APPLICABLE, NOT_APPLICABLE_PREFIX + why))
+
+
+def _first_sentence(text: str, most: int = 240) -> str:
+    """An error message's first sentence (PyTorch's reducer error runs to a page), at most `most` characters."""
+    head = text.split(". ", 1)[0].rstrip(".")
+    return head + "." if len(head) <= most else head[:most - 1] + "…"

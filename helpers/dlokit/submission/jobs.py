@@ -639,7 +639,9 @@ def traceback_tail(card: JobCard, lines: int = 6) -> str:
                         and i > 0), len(block) - 1)
             if block[end].startswith(SUBMITIT_FAILED):  # its message is the script's whole stderr: the end says why
                 end = max(i for i, line in enumerate(block) if line.strip() and not SCHEDULER_LINE.match(line))
-            return "\n".join(block[max(0, end - lines + 1): end + 1])
+            shown = block[max(0, end - lines + 1): end + 1]
+            start = next((i for i, line in enumerate(shown) if EXCEPTION_LINE.match(line)), 0)
+            return "\n".join(shown[start:] if start and len(shown) - start >= 2 else shown)  # from the error's line on
     return next((t for t in texts if t), "")
 
 
@@ -649,6 +651,7 @@ OUT_OF_MEMORY_SIGNS = MEMORY_ERRORS + ("Cannot allocate memory", "can't allocate
                                        "Exceeded job memory limit", "Exceeded step memory limit")
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "the disk is full")
 ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception)\b: ")  # RuntimeError: ..., [rank0]: ...
 # the thread stacks Python's faulthandler writes (a stuck job's ranks write them before their message)
 FAULTHANDLER_LINE = re.compile(
     r"^(Thread 0x|Current thread 0x|  File \"|  <no Python frame>|  \.\.\.$|Extension modules: |Fatal Python error: )")
@@ -829,7 +832,9 @@ def _script_error(card: JobCard) -> str:
     for task in _tasks_failed_first(card):
         text = tail(card.log_path(task, err=True), 200)
         script_part = text.split("submitit ERROR (")[0]  # what the script printed, before submitit's report
-        if not script_part.strip() or "Traceback" in script_part:
+        # a traceback whose head the bounded read cut off still ends in its exception's line: traceback_tail's
+        if not script_part.strip() or "Traceback" in script_part or any(
+                EXCEPTION_LINE.match(line) for line in script_part.splitlines()):
             continue
         lines = [line for line in script_part.splitlines() if line.strip() and not FAULTHANDLER_LINE.match(line)]
         if not lines:
