@@ -296,14 +296,14 @@ def _self_check(job_id, line_kind: str, todo: str):
         return problem
     lines = run.lines(line_kind)
     details = [f"{r.get('version', r.get('attention', '?'))}: ok {r.get('ok')}, max |Δ| output "
-               f"{r.get('max_abs_diff_output')}" for r in lines.to_dict("records")]
+               f"{_g(r.get('max_abs_diff_output'))}" for r in lines.to_dict("records")]
     if lines.empty:
         return failed(f"run {run.run_id} recorded no {line_kind} line", details)
     bad = lines[~lines["ok"].astype(bool)]
     if len(bad):
         row = bad.iloc[0].to_dict()
         return failed(f"{row.get('version', row.get('attention', 'a version'))} does not match the single-process layer "
-                      f"(max |Δ| output {row.get('max_abs_diff_output')}) ({todo})", details)
+                      f"(max |Δ| output {_g(row.get('max_abs_diff_output'))}) ({todo})", details)
     return passed(f"{len(lines)} version(s) match the single-process layer, with the expected collectives", details)
 
 
@@ -481,6 +481,11 @@ def planner_pick(job_ids, chosen):
                f"the layout the planner predicts slow, {names[-1]}, measured slower than its pick, {pick}; the pick is "
                "not the fastest here (➖ fastest)")
     return from_parts([first, second], message, details)
+
+
+def _g(value) -> str:
+    """A recorded difference to 3 significant digits (0.295, not 0.29472988843917847)."""
+    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
 
 
 def _ms(value, runs) -> str:
