@@ -123,3 +123,17 @@ def test_a_job_the_kit_cancels_on_purpose_reads_as_expected_and_nobody_is_stuck(
     table = classroom.class_report(workspace / "runs", workspace / "jobs")
     assert (table["status"] != classroom.STUCK).all(), table.to_dict("records")
     assert table["by_design"].sum() == 1
+
+
+def test_a_long_exception_is_shown_from_its_first_line():
+    """PyTorch's reducer error runs to a page: the cause a student reads starts at its exception's line, not in its
+    middle; a tail with no exception line, or only its last line, is shown whole (the time-limit signs stay read from
+    the whole tail)."""
+    from dlokit.submission.jobs import _from_error_line
+
+    tail = "\n".join(["[rank0]:     loss.backward()", "[rank0]:     ^^^^^^^^", "[rank0]: RuntimeError: Expected to have "
+                      "finished reduction in the prior iteration.", "[rank0]: Parameter indices which did not receive grad"])
+    assert _from_error_line(tail).startswith("[rank0]: RuntimeError: Expected to have finished reduction")
+    assert _from_error_line("submitit WARNING: this job is timed-out\nkilled") == "submitit WARNING: this job is timed-out\nkilled"
+    last = "  File \"x.py\", line 3\nValueError: bad"
+    assert _from_error_line(last) == last

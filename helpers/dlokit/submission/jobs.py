@@ -639,9 +639,7 @@ def traceback_tail(card: JobCard, lines: int = 6) -> str:
                         and i > 0), len(block) - 1)
             if block[end].startswith(SUBMITIT_FAILED):  # its message is the script's whole stderr: the end says why
                 end = max(i for i, line in enumerate(block) if line.strip() and not SCHEDULER_LINE.match(line))
-            shown = block[max(0, end - lines + 1): end + 1]
-            start = next((i for i, line in enumerate(shown) if EXCEPTION_LINE.match(line)), 0)
-            return "\n".join(shown[start:] if start and len(shown) - start >= 2 else shown)  # from the error's line on
+            return "\n".join(block[max(0, end - lines + 1): end + 1])
     return next((t for t in texts if t), "")
 
 
@@ -687,7 +685,8 @@ def card_outcome(card: JobCard) -> Outcome:
     if outcome.state == "FAILED":
         how = outcome.cause  # the local backend's word on how the job ended, when no exit status says it
         raw = traceback_tail(card)
-        outcome.cause = _script_error(card) or raw or (_launcher_error(card) if card.backend != "slurm" else "")
+        outcome.cause = _script_error(card) or _from_error_line(raw) or (
+            _launcher_error(card) if card.backend != "slurm" else "")
         evidence = raw + "\n" + outcome.cause
         logs = raw + "\n" + _err_tails(card)
         if any(sign in logs for sign in TIMED_OUT_SIGNS):
@@ -824,6 +823,14 @@ def _launcher_error(card: JobCard) -> str:
         return ""
     lines = [line for line in text.split("Traceback")[-1].splitlines()[1:] if line.strip()]
     return "the job's launcher failed before the script started: " + "\n".join(lines[-3:])
+
+
+def _from_error_line(text: str) -> str:
+    """A traceback's tail shown from its exception's line on, when that line and one after it are in it (PyTorch's
+    reducer error runs to a page: its start says what went wrong); the whole tail otherwise."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)), 0)
+    return "\n".join(lines[start:]) if start and len(lines) - start >= 2 else text
 
 
 def _script_error(card: JobCard) -> str:
