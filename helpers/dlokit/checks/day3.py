@@ -6,9 +6,8 @@ import pandas as pd
 
 from dlokit.analysis.compile_storage import fastest_read, read_table
 from dlokit.analysis.large_batch import range_tests
-from dlokit.analysis.table import as_number
 
-from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed
+from .framework import FAILED, INFO, PASSED, check, failed, from_parts, not_applicable, part, passed, three_digits
 from .records import load_completed, load_last
 
 EXPECTED_CLASS = {"sgd": "SGD", "adamw": "AdamW", "lamb": "Lamb", "lars": "Lars", "lion": "Lion"}
@@ -45,7 +44,7 @@ def optimizers(job_ids):
         asked = run.config.get("optimizer", "sgd")
         built = (run.config.get("optimizer_class") or "?").rsplit(".", 1)[-1]
         details.append(f"run {run.run_id}: --optimizer {asked} built {built}, schedule {run.config.get('lr_schedule')}"
-                       f", peak lr {_lr(run.config.get('lr_peak'))}")
+                       f", peak lr {three_digits(run.config.get('lr_peak'))}")
         if built != EXPECTED_CLASS.get(asked, built):
             wrong_class.append(f"run {run.run_id} asked for --optimizer {asked} but built {built} "
                                f"(TODO TP3.1 in optim_setup.py)")
@@ -106,7 +105,7 @@ def lr_finder(job_ids):
 
 
 def _g(value) -> str:
-    return "none" if value is None else f"{value:.3g}"
+    return three_digits(value, missing="none")
 
 
 @check("TP3.5 hyper-parameter search")
@@ -290,8 +289,3 @@ def storage(job_id):
                           "holds different images in each format's order); if they still differ, convert again "
                           "with data/convert_formats.py --force, then --verify", details)
     return passed(f"{', '.join(formats)} yield the same samples; {fastest_read(run.run_id, run.path.parent)}", details)
-
-
-def _lr(value) -> str:
-    number = as_number(value)
-    return "?" if number is None else f"{number:.3g}"

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .framework import FAILED, INFO, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, Part, check, failed, from_parts, not_applicable, part, passed
+from .framework import FAILED, INFO, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, Part, check, failed, from_parts, not_applicable, part, passed, three_digits
 from .records import ids, load, load_last
 
 SHARDED = 0.75  # a sharded state per rank must be under this share of DDP's (ideal: 1/N, minus unsharded bits)
@@ -296,14 +296,14 @@ def _self_check(job_id, line_kind: str, todo: str):
         return problem
     lines = run.lines(line_kind)
     details = [f"{r.get('version', r.get('attention', '?'))}: ok {r.get('ok')}, max |Δ| output "
-               f"{_g(r.get('max_abs_diff_output'))}" for r in lines.to_dict("records")]
+               f"{three_digits(r.get('max_abs_diff_output'))}" for r in lines.to_dict("records")]
     if lines.empty:
         return failed(f"run {run.run_id} recorded no {line_kind} line", details)
     bad = lines[~lines["ok"].astype(bool)]
     if len(bad):
         row = bad.iloc[0].to_dict()
         return failed(f"{row.get('version', row.get('attention', 'a version'))} does not match the single-process layer "
-                      f"(max |Δ| output {_g(row.get('max_abs_diff_output'))}) ({todo})", details)
+                      f"(max |Δ| output {three_digits(row.get('max_abs_diff_output'))}) ({todo})", details)
     return passed(f"{len(lines)} version(s) match the single-process layer, with the expected collectives", details)
 
 
@@ -481,11 +481,6 @@ def planner_pick(job_ids, chosen):
                f"the layout the planner predicts slow, {names[-1]}, measured slower than its pick, {pick}; the pick is "
                "not the fastest here (➖ fastest)")
     return from_parts([first, second], message, details)
-
-
-def _g(value) -> str:
-    """A recorded difference to 3 significant digits (0.295, not 0.29472988843917847)."""
-    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
 
 
 def _ms(value, runs) -> str:

@@ -129,6 +129,17 @@ def _jsonable(value):
 
 # ---- building results (the check's name is filled in by @check) --------------------------------
 
+def three_digits(value, missing: str = "?") -> str:
+    """A recorded number as a check's text shows it, to 3 significant digits (0.295, not 0.29472988843917847);
+    what is not a number, as it was recorded (`missing` when nothing was)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.3g}"
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return missing if value is None else str(value)
+
+
 def passed(message: str, details=(), parts=(), **info) -> CheckResult:
     return CheckResult("", PASSED, message, list(details), list(parts), info)
 
