@@ -80,8 +80,9 @@ def _states(values: dict) -> float:
 def memory_comparison(runs, runs_dir=None) -> pd.DataFrame:
     """Per run, two rows (source 'modelled' and 'measured') of MiB per rank by category, the total, and
     on the measured row the ratio measured / modelled of the model states (params + grads + optimizer)."""
-    rows = []
+    rows, dtypes = [], set()
     for run in load_runs(runs, runs_dir):
+        dtypes.add(str(run.config.get("dtype") or "fp32"))
         measured, modelled = _measured(run), _modelled(run)
         base = {"run_id": run.run_id, "mode": mode_label(run), "world_size": run.world_size, "state": run.state}
         for source, values in (("modelled", modelled), ("measured", measured)):
@@ -91,8 +92,7 @@ def memory_comparison(runs, runs_dir=None) -> pd.DataFrame:
         rows[-1]["states_ratio"] = _states(measured) / _states(modelled) if measured and modelled else None
     columns = ["run_id", "mode", "world_size", "state", "source", *CATEGORIES, "total", "states_ratio"]
     table = pd.DataFrame(rows, columns=columns)
-    dtypes = sorted({str(run.config.get("dtype") or "fp32") for run in load_runs(runs, runs_dir)})
-    table.attrs["basis"] = (f"MiB per rank, the tensors each rank holds ({', '.join(dtypes)}); gathered: FSDP's "
+    table.attrs["basis"] = (f"MiB per rank, the tensors each rank holds ({', '.join(sorted(dtypes))}); gathered: FSDP's "
                             "weights gathered for a block's forward or backward at their largest; states_ratio: "
                             "measured over modelled params + grads + optimizer")
     return table
