@@ -278,8 +278,9 @@ def check_requeued_history(job_id: str, runs: Path) -> None:
     """Segment 0 checkpointed on the signal, the next one resumed from there, ... the last one completed; every
     epoch validated once. (On a loaded machine Slurm's own --signal before the time limit may requeue it again.)"""
     found = race.history(job_id, runs)
+    base = dlokit.submission.jobs.find_card(job_id).run_dir.name  # a Slurm job's run id names its cluster: 1@dlokit
     names = [run.run_id for run in found.segments]
-    assert names[:2] == [job_id, f"{job_id}.r1"] and names[2:] == [f"{job_id}.r{k}" for k in range(2, len(names))]
+    assert names[:2] == [base, f"{base}.r1"] and names[2:] == [f"{base}.r{k}" for k in range(2, len(names))]
     assert found.state == "completed"
     assert list(found.val["epoch"]) == [0, 1, 2, 3] and list(found.val["step"]) == [6, 12, 18, 24]
     outcome = dlokit.job_outcome(job_id)
@@ -337,7 +338,7 @@ def test_a_warmup_as_long_as_the_test_or_the_race_still_runs(workspace, tiny):
 def test_slurm_race_job_checkpoints_requeues_and_resumes(workspace, slurm_cluster, tiny):
     day = race_day("racer", "local-slurm", tiny)
     job_id = race.submit_run(day, four_epoch_plan(day, tiny), ["--lr", "0.05"])
-    wait_for_validation(day.runs / job_id / "rank0" / "metrics.jsonl", timeout=300)
+    wait_for_validation(dlokit.submission.jobs.find_card(job_id).run_dir / "rank0" / "metrics.jsonl", timeout=300)
     # what Slurm's --signal=USR2@120 sends before the time limit (and submitit's own test hook sends)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     outcome = dlokit.wait([job_id], poll_s=2, timeout_s=560)[0]

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import ast
 import html
-import json
 import re
 import stat
 import sys
@@ -54,8 +53,10 @@ import pandas as pd
 from .analysis.run import list_run_ids, load_run
 from .checks.framework import MARKS, results_in_notebook
 from .checks.glance import completed_because
+from .in_job import untrusted
+from .in_job.untrusted import printable
 from .in_job.energy import jobs_usage
-from .submission.jobs import SILENT_END, BadCard, card_outcome, load_card, record_refused
+from .submission.jobs import SILENT_END, BadCard, card_outcome, load_card
 from .analysis.race_history import SEGMENT, base_id
 
 UNTAGGED, OTHER = "untagged", "other"
@@ -70,11 +71,14 @@ LEGEND = f"{DONE} done  {STUCK} stuck  {NOT_APPLICABLE} not applicable here  {RU
 
 # ---- what each source says ---------------------------------------------------------------------------------
 
+NAME_CHARS = 32  # a nickname or a tag in the grid: a longer one (a forged record's) is cut
+
+
 def _job(student, tp, job_id, state, cause, usage, submitted=0.0, error="") -> dict:
     """One job: `cause` the scheduler's word (or the record's error), `error` the run record's own."""
-    return {"student": student or "(no name)", "tp": tp or UNTAGGED, "job_id": job_id, "state": state,
-            "cause": cause, "usage": usage, "submitted": submitted, "error": error, "by_design": False,
-            "missed": False}
+    return {"student": printable(student or "(no name)", NAME_CHARS), "tp": printable(tp or UNTAGGED, NAME_CHARS),
+            "job_id": printable(job_id, 160), "state": printable(state, 160), "cause": printable(cause, lines=True),
+            "usage": usage, "submitted": submitted, "error": printable(error, lines=True), "by_design": False, "missed": False}
 
 
 def _unix(stamp) -> float:
@@ -86,22 +90,26 @@ def _unix(stamp) -> float:
 
 
 def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
-    """One job per base run id (the segments of a requeued job together), from the run records alone."""
+    """One job per base run id (the segments of a requeued job together), from the run records alone. A segment
+    joins its job only when its folder is the job's owner's: anyone can make `<id>.r1` in the shared runs folder."""
+    runs = {run_id: load_run(run_id, runs_dir) for run_id in list_run_ids(runs_dir)}
     segments, found = defaultdict(list), {}
-    for run_id in list_run_ids(runs_dir):
-        refused = record_refused(Path(runs_dir) / run_id)
-        if refused:  # a FIFO would hang the reader: the run is named, not read
-            found[run_id] = _job(None, None, run_id, "UNKNOWN", f"run record not read: {refused}", None)
+    for run_id, run in runs.items():
+        base = runs.get(base_id(run_id))
+        joined = base is not None and base.owner == run.owner
+        segments[base_id(run_id) if joined else run_id].append(run)
+    for job_id, job_runs in segments.items():
+        job_runs.sort(key=lambda run: int(match["k"]) if (match := SEGMENT.fullmatch(run.run_id)) else 0)
+        first, last = job_runs[0], job_runs[-1]
+        if last.unreadable:
+            found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, "UNKNOWN",
+                                 f"run record not read: {last.unreadable}", None)
             continue
-        segments[base_id(run_id)].append(load_run(run_id, runs_dir))
-    for job_id, runs in segments.items():
-        runs.sort(key=lambda run: int(match["k"]) if (match := SEGMENT.fullmatch(run.run_id)) else 0)
-        first, last = runs[0], runs[-1]
         state, cause = last.summary.get("status") or last.state, last.error or ""
         if state == "checkpointed":
             cause = f"checkpointed on {last.summary.get('signal')} at step {last.summary.get('steps')}, not resumed"
-        found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, state, cause, jobs_usage(runs),
-                             _unix(first.info.get("started_at")), last.error or "")
+        found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, state, cause,
+                             jobs_usage(job_runs), _unix(first.info.get("started_at")), last.error or "")
     return found
 
 
@@ -130,33 +138,36 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
             state, cause, meant = outcome.state, outcome.cause, bool(outcome.expected)
         except Exception as error:  # an unreachable scheduler must not stop the report
             state, cause, meant = "UNKNOWN", f"{type(error).__name__}: {error}", False
-        job = jobs.get(card.job_id)
+        run_id = card.run_dir.name  # the records' id: the job id, and a Slurm job's cluster
+        job = jobs.get(run_id)
         if job is None:
-            job = jobs[card.job_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
+            job = jobs[run_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
         if job["student"] == "(no name)":  # its run record was not read: the card names the student
-            job["student"] = card.name
+            job["student"] = printable(card.name, NAME_CHARS)
         job["submitted"] = card.submitted_at if isinstance(card.submitted_at, (int, float)) else job["submitted"]
-        job["state"], job["cause"] = state, cause or job["cause"]
+        job["state"], job["cause"] = printable(state, 160), printable(cause, lines=True) if cause else job["cause"]
         job["by_design"] = job["by_design"] or meant  # its card expected this end (a pruned HPO trial, a demo)
         ends = card.expected if isinstance(card.expected, dict) else {}
         if ends and state not in ACTIVE and state not in ends and state != "UNKNOWN":  # a demo that did not fail
             job["missed"] = True
-            because = completed_because(card.job_id, runs_dir) if state in ENDED_WELL else ""
+            because = completed_because(run_id, runs_dir) if state in ENDED_WELL else ""
             job["cause"] = f"{job['cause']}: it completed because {because}" if because else job["cause"]
         if job["tp"] == UNTAGGED and card.extra.get("tag"):
-            job["tp"] = card.extra["tag"]
+            job["tp"] = printable(card.extra["tag"], NAME_CHARS)
 
 
 def notebook_nickname(path: Path) -> str | None:
     """The NICKNAME a notebook assigns in its code cells."""
     try:
-        notebook = json.loads(path.read_text())
-    except (OSError, ValueError):
+        notebook = untrusted.read_json(path, untrusted.NOTEBOOK_BYTES)
+    except OSError:
         return None
-    for cell in notebook.get("cells", []):
-        if cell.get("cell_type") != "code":
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    for cell in cells if isinstance(cells, list) else []:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        source = "".join(cell.get("source", []))
+        source = cell.get("source", [])
+        source = "".join(line for line in source if isinstance(line, str)) if isinstance(source, list) else str(source)
         try:
             tree = ast.parse(source)
         except SyntaxError:
@@ -223,9 +234,10 @@ def checks_from_notebooks(paths) -> list[dict]:
             name = str(result.get("check", ""))
             tp = TP_NAME.match(name)
             status = result.get("status")
-            rows.append({"student": student or "(no name)", "tp": tp.group(0) if tp else OTHER, "check": name,
-                         "status": status, "mark": result.get("mark") or MARKS.get(status, "?"), "notebook": path.name,
-                         "message": str(result.get("message", "")), "details": result.get("details") or [],
+            rows.append({"student": printable(student or "(no name)", NAME_CHARS), "tp": tp.group(0) if tp else OTHER,
+                         "check": printable(name, 120), "status": status,
+                         "mark": MARKS.get(status, "?"), "notebook": printable(path.name, 120),
+                         "message": printable(result.get("message", "")), "details": result.get("details") or [],
                          "info": result.get("info") or {}})
     return rows
 
@@ -296,6 +308,9 @@ def gather(runs_dir, logs_dir=None, notebooks=()) -> tuple[dict[str, dict], list
     jobs = jobs_from_records(runs_dir)
     if logs_dir is not None:
         add_outcomes(jobs, Path(logs_dir), runs_dir)
+    from .race.verify import VERIFY_TAG
+
+    jobs = {job_id: job for job_id, job in jobs.items() if job["tp"] != VERIFY_TAG}  # the instructor's scoring jobs
     checks = checks_from_notebooks(notebooks)
     mark_by_design(jobs, checks)
     return jobs, checks
@@ -528,8 +543,8 @@ def _verify_race(profile: str | None, test: str | None) -> int:
         return 2
     with pd.option_context("display.max_colwidth", 120, "display.width", 200):
         print(table.to_string(index=False) if len(table) else "no accepted leaderboard entry")
-    flagged = table[table["flag"] != ""]
-    print(f"{len(table)} entries scored, {len(flagged)} flagged")
+    scored, flagged = table["test_top1"].notna().sum(), (table["flag"] != "").sum()
+    print(f"{len(table)} entries, {scored} scored, {len(table) - scored} not scored, {flagged} flagged")
     return 0
 
 
@@ -539,7 +554,8 @@ def _folders(profile: str | None, group: str) -> int:
 
     chosen = use_profile(profile) if profile else current_profile()
     try:
-        for path in (chosen.logs, chosen.runs, chosen.leaderboard, chosen.runs / "hpo"):
+        # the logs' root, not this user's part of it (`logs` adds the user): each user makes their own part inside
+        for path in (chosen.logs.parent, chosen.runs, chosen.leaderboard, chosen.runs / "hpo"):
             make_class_folder(path, group)
             print(f"{path}: mode 3777, group {group}")
     except FolderError as error:
@@ -559,7 +575,7 @@ def _board(profile: str | None, publish: bool) -> int:
         table = board.table()
         print(table.to_string(index=False) if len(table) else "no entry on the board")
     for name, why in board.read()[1]:
-        print(f"rejected: {name}: {why}")
+        print(printable(f"rejected: {name}: {why}", 300))
     if publish:
         try:
             print(f"published for the students: {board.publish()}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlokit.analysis.run import Run, load_runs
+from dlokit.analysis.run import Run, load_run, load_runs
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,17 @@ def interval(run: Run) -> Interval | None:
     return Interval(run.run_id, host, min(starts), max(ends), frozenset(cpus) or None, frozenset(gpus) or None, shared)
 
 
+def _ended(run: Run) -> bool:
+    return all((record["summary"] or {}).get("ended_unix") is not None for record in run.ranks.values())
+
+
 def overlapping(runs, runs_dir=None, among=None) -> dict[str, list[str]]:
     """For each run, the other runs (of its runs folder, or `among`) that overlapped its measurement."""
     runs = load_runs(runs, runs_dir)
-    if among is None:
+    if among is None:  # every run of the folder, anyone's: their summaries, and metrics only where no end is said
         folders = {Path(r.path).parent for r in runs}
-        among = [other for folder in folders for other in load_runs(None, folder)]
+        among = [other for folder in folders for other in load_runs(None, folder, metrics=False)]
+        among = [run if _ended(run) else load_run(run.path) for run in among]
     others = [i for i in (interval(r) for r in load_runs(among, runs_dir)) if i is not None]
     found = {}
     for run in runs:

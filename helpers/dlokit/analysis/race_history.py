@@ -3,11 +3,12 @@ checkpointed and requeued itself wrote (dlokit.race.requeue), as one history: it
 final top-1, GPU-hours and energy, and what happened between the segments."""
 from __future__ import annotations
 
+import glob
 import re
 from dataclasses import dataclass
 
 from ..in_job.energy import Usage, jobs_usage
-from .run import Run, load_run, runs_folder
+from .run import Run, load_run
 
 SEGMENT = re.compile(r"(?P<base>.+)\.r(?P<k>\d+)")
 
@@ -97,10 +98,12 @@ class RaceHistory:
 
 def history(job_id: str, runs_dir=None) -> RaceHistory:
     """The segments of a race job (by its job id, or the run id of any segment), oldest first."""
-    base = base_id(str(job_id))
-    root = runs_folder(runs_dir)
-    later = sorted((int(m["k"]), p.name) for p in root.glob(f"{base}.r*")
+    first = load_run(base_id(str(job_id)), runs_dir)  # followed to its card's folder: `<id>@<cluster>` on Slurm
+    if first.owner is None:
+        return RaceHistory(first.run_id, [first] if first.ranks else [])
+    base, root = first.path.name, first.path.parent
+    later = sorted((int(m["k"]), p.name) for p in root.glob(f"{glob.escape(base)}.r*")
                    if (m := SEGMENT.fullmatch(p.name)) and m["base"] == base)
-    names = ([base] if (root / base).is_dir() else []) + [name for _, name in later]
-    return RaceHistory(base, [load_run(name, root) for name in names])
-
+    # a segment is the job's only in a folder of the job's owner: anyone can make `<id>.r1` in a shared runs folder
+    segments = [load_run(name, root, owner=first.owner) for _, name in later]
+    return RaceHistory(base, [first] + [run for run in segments if run.owner == first.owner])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dlokit.in_job.runrecord import UNREADABLE, default_runs_dir, read_rank
+from dlokit.in_job import untrusted
+from dlokit.in_job.runrecord import UNREADABLE, default_runs_dir, read_rank, refused_rank
 
 COMPLETED, FAILED, RUNNING, MISSING = "completed", "failed", "running or killed", "missing"
 CANCELLED, SKIPPED = "cancelled", "skipped"
@@ -28,6 +29,7 @@ class Run:
     run_id: str
     path: Path
     ranks: dict[int, dict] = field(default_factory=dict)
+    owner: int | None = None  # the uid whose folder it is (None: no folder)
 
     @property
     def rank0(self) -> dict:
@@ -172,12 +174,24 @@ def runs_folder(runs_dir=None) -> Path:
         return default_runs_dir()
 
 
-def _resolve(run_id_or_path, runs_dir) -> Path:
+def _resolve(run_id_or_path, runs_dir) -> tuple[Path, int | None]:
+    """The run's folder, and whose it must be (None: whoever owns it). A job id of this user's is followed to the
+    folder its job card names (a Slurm job's is `<id>@<cluster>`), which must be theirs: a folder another user made
+    under that id is not their run."""
     text = str(run_id_or_path)
-    if os.sep not in text and "/" not in text:
-        return runs_folder(runs_dir) / text
-    path = Path(text).expanduser()
-    return path.parent if path.name.startswith("rank") and (path / "run.json").exists() else path
+    if os.sep in text or "/" in text:
+        path = Path(text).expanduser()
+        return (path.parent if path.name.startswith("rank") and (path / "run.json").exists() else path), None
+    root = runs_folder(runs_dir)
+    try:
+        from dlokit.submission.jobs import find_card
+
+        card = find_card(text)
+        if Path(card.runs_dir).resolve() == root.resolve():
+            return card.run_dir, os.lstat(card.path).st_uid
+    except Exception:  # no card of this user's for it (another user's run, a record without a job), or no profile
+        pass
+    return root / text, None
 
 
 def _sanitised(record: dict) -> dict:
@@ -191,17 +205,30 @@ def _sanitised(record: dict) -> dict:
     return record
 
 
-def load_run(run_id_or_path, runs_dir=None) -> Run:
-    """A run by job id (looked up in runs_dir, default $DLOKIT_RUNS_DIR or ./runs) or by folder path."""
+def load_run(run_id_or_path, runs_dir=None, owner: int | None = None, metrics: bool = True) -> Run:
+    """A run by job id (looked up in runs_dir, default $DLOKIT_RUNS_DIR or ./runs) or by folder path. Every file of
+    it must be `owner`'s (a uid; default: the job's, see _resolve, else the folder's owner); a run that is not is
+    read as unreadable, naming why. metrics=False reads run.json and summary.json only."""
     if isinstance(run_id_or_path, Run):
         return run_id_or_path
-    path = _resolve(run_id_or_path, runs_dir)
+    path, expected = _resolve(run_id_or_path, runs_dir)
+    owner = owner if owner is not None else expected
+    try:
+        found = untrusted.folder_owner(path)
+    except FileNotFoundError:
+        return Run(run_id=path.name, path=path)
+    except untrusted.Refused as error:
+        return Run(run_id=path.name, path=path, ranks={0: refused_rank(error.why)})
+    if owner is not None and found != owner:
+        why = (f"{path.name}: belongs to {untrusted.user_name(found)}, not to {untrusted.user_name(owner)} whose job "
+               "it is: not read")
+        return Run(run_id=path.name, path=path, ranks={0: refused_rank(why)}, owner=found)
     ranks = {}
-    for folder in sorted(path.glob("rank*")) if path.is_dir() else []:
+    for folder in sorted(path.glob("rank*")):
         suffix = folder.name[4:]
         if suffix.isdigit():  # a 'rank0' that is not a folder reads as unreadable
-            ranks[int(suffix)] = _sanitised(read_rank(folder))
-    return Run(run_id=path.name, path=path, ranks=ranks)
+            ranks[int(suffix)] = _sanitised(read_rank(folder, found, metrics))
+    return Run(run_id=path.name, path=path, ranks=ranks, owner=found)
 
 
 def list_run_ids(runs_dir=None) -> list[str]:
@@ -209,17 +236,17 @@ def list_run_ids(runs_dir=None) -> list[str]:
     root = runs_folder(runs_dir)
     if not root.is_dir():
         return []
-    folders = [p for p in root.iterdir() if p.is_dir() and any(p.glob("rank*"))]
-    return [p.name for p in sorted(folders, key=lambda p: (p.stat().st_mtime, p.name))]
+    folders = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and any(p.glob("rank*"))]
+    return [p.name for p in sorted(folders, key=lambda p: (p.lstat().st_mtime, p.name))]
 
 
-def load_runs(run_ids=None, runs_dir=None) -> list[Run]:
+def load_runs(run_ids=None, runs_dir=None, metrics: bool = True) -> list[Run]:
     """Several runs: given ids/paths/Run objects, or every run under runs_dir."""
     if run_ids is None:
         run_ids = list_run_ids(runs_dir)
     elif isinstance(run_ids, (str, os.PathLike, Run)):
         run_ids = [run_ids]
-    return [load_run(r, runs_dir) for r in run_ids]
+    return [load_run(r, runs_dir, metrics=metrics) for r in run_ids]
 
 
 def ran_on_gpu(run_id_or_path, runs_dir=None) -> bool:

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlokit.in_job import untrusted
+
 MIME = "application/vnd.dlokit.check+json"
 PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not applicable"
 INFO = "info"  # parts only: measured and reported, not judged
@@ -304,12 +306,21 @@ def student_files(tps) -> list[str]:
 
 def results_in_notebook(path) -> list[dict]:
     """Every check result stored in an executed notebook's outputs (the MIME payloads, as dicts)."""
-    notebook = json.loads(Path(path).read_text())
+    notebook = untrusted.read_json(path, untrusted.NOTEBOOK_BYTES)  # maybe a student's: see dlokit.in_job.untrusted
     found = []
-    for cell in notebook.get("cells", []):
-        for output in cell.get("outputs", []):
-            data = output.get("data", {})
-            if MIME in data:
+    for cell in _objects(notebook.get("cells") if isinstance(notebook, dict) else None):
+        for output in _objects(cell.get("outputs")):
+            data = output.get("data")
+            if isinstance(data, dict) and MIME in data:
                 value = data[MIME]
-                found.append(json.loads(value) if isinstance(value, str) else value)
+                try:
+                    value = json.loads(value) if isinstance(value, str) else value
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(value, dict):
+                    found.append(value)
     return found
+
+
+def _objects(value) -> list[dict]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []

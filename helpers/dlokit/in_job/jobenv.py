@@ -33,12 +33,17 @@ LOCK_WAITED_S = "DLOKIT_LOCK_WAITED_S"  # how long the job waited for them
 # read by scripts as a default for --data
 DATA = "DLOKIT_DATA"
 
-# the training scripts' exit codes (both scripts); the local launcher, the job outcome and the race's requeue read them
+# The exit codes of every script the kit runs, one meaning each; the local launcher, the job outcome
+# (dlokit.submission.jobs.card_outcome) and the race's requeue read them.
 EXIT_FAILED = 1           # an error: its traceback in the log, its cause in the record
 EXIT_BAD_OPTIONS = 2      # an option, or a combination of options, that cannot run (argparse's own code)
 EXIT_OUT_OF_MEMORY = 3    # this rank ran out of memory (GPU, or the host under the job's memory limit)
 EXIT_PEER_FAILED = 4      # this rank stopped because another one failed: its record names that rank and why
+EXIT_REFUSED = 5          # an input another user wrote was refused, never loaded (a checkpoint holding more than weights)
 EXIT_REQUEUE = 75         # checkpointed on a signal: run me again with --resume (EX_TEMPFAIL, "try again later")
+EXIT_CODES = {EXIT_FAILED: "failed", EXIT_BAD_OPTIONS: "bad options", EXIT_OUT_OF_MEMORY: "out of memory",
+              EXIT_PEER_FAILED: "stopped: another rank failed", EXIT_REFUSED: "refused its input",
+              EXIT_REQUEUE: "checkpointed, to requeue"}
 
 # torch.compile's on-disk caches (compiled kernels), one per user: the default /tmp/torchinductor_<user> is
 # one folder for everyone who runs as the same user on a node, and /tmp is wiped between jobs on many clusters

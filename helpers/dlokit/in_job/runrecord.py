@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from . import jobenv, shared_folders
+from . import jobenv, shared_folders, untrusted
 
 SCHEMA_VERSION = 1
 PROCESS_START = time.time()
@@ -102,14 +102,21 @@ def default_run_id() -> str:
     env = os.environ
     if env.get(jobenv.RUN_ID):
         return env[jobenv.RUN_ID]
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    for key in ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"):
-        if env.get(key):
-            return env[key]
+    if env.get("SLURM_JOB_ID"):
+        return slurm_run_id(env)
+    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return env["SUBMITIT_LOCAL_JOB_ID"]
     if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return env["TORCHELASTIC_RUN_ID"]
     return time.strftime("local-%Y%m%d-%H%M%S-") + str(os.getpid())
+
+
+def slurm_run_id(env) -> str:
+    """A Slurm job's run id: its job id (an array's `<job>_<task>`) and, where the job says it, its cluster's name
+    (`3@clusterA`), since two clusters number their jobs alike and would write into one folder."""
+    job = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+           if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else env["SLURM_JOB_ID"])
+    return f"{job}@{env['SLURM_CLUSTER_NAME'].lower()}" if env.get("SLURM_CLUSTER_NAME") else job  # as the card
 
 
 def shared_run_id() -> str:
@@ -396,16 +403,17 @@ def _number_field(key: str, names) -> bool:
     return key in names or key.startswith(NUMBER_PREFIXES)
 
 
-def _read_bytes(path: Path) -> bytes | None:
-    """The file's bytes, None when it does not exist; Unreadable when it exists but cannot be read."""
+def _read_bytes(path: Path, owners=untrusted.FOLDER_OWNER) -> bytes | None:
+    """The file's bytes, None when it does not exist; Unreadable when it exists but is not read (not a regular
+    file, another user's, over its size bound: see dlokit.in_job.untrusted)."""
+    limit = untrusted.METRICS_BYTES if path.name == "metrics.jsonl" else untrusted.NOTE_BYTES
     try:
-        return path.read_bytes()
+        return untrusted.read_bytes(path, limit, owners)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        raise Unreadable(f"{path.name}: a folder, not a file") from None
-    except OSError as error:
-        raise Unreadable(f"{path.name}: cannot be read ({error.strerror or error})") from None
+    except untrusted.Refused as error:
+        folder = path.is_dir() and not path.is_symlink()
+        raise Unreadable(f"{path.name}: {'a folder, not a file' if folder else error.why}") from None
 
 
 def _utf8(data: bytes, what: str) -> str:
@@ -415,13 +423,13 @@ def _utf8(data: bytes, what: str) -> str:
         raise Unreadable(f"{what}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})") from None
 
 
-def read_json_object(path: str | os.PathLike) -> tuple[dict | None, list[str]]:
+def read_json_object(path: str | os.PathLike, owners=untrusted.FOLDER_OWNER) -> tuple[dict | None, list[str]]:
     """(the JSON object a run.json or summary.json holds, problems); (None, []) when the file is absent.
 
     Raises Unreadable ('<file>: <why>') when the file exists but is not one JSON object: empty, a folder,
     not UTF-8, not JSON, or JSON of another type. Fields of the wrong type are dropped, one problem each."""
     path = Path(path)
-    data = _read_bytes(path)
+    data = _read_bytes(path, owners)
     if data is None:
         return None, []
     if not data.strip():
@@ -506,11 +514,11 @@ class MetricsScan(NamedTuple):
     unreadable: str | None  # '<file>: <why>' when the file cannot be used at all
 
 
-def scan_metrics(path: str | os.PathLike) -> MetricsScan:
+def scan_metrics(path: str | os.PathLike, owners=untrusted.FOLDER_OWNER) -> MetricsScan:
     """Read a metrics.jsonl line by line (bytes, so that one bad byte spoils one line, not the file)."""
     path = Path(path)
     try:
-        data = _read_bytes(path)
+        data = _read_bytes(path, owners)
     except Unreadable as error:
         return MetricsScan([], False, 0, [], str(error))
     records, truncated, bad, first_bad = [], False, 0, None
@@ -556,29 +564,39 @@ def read_metrics(path: str | os.PathLike) -> tuple[list[dict], bool]:
     return scan.records, scan.truncated
 
 
-def read_rank(folder: str | os.PathLike) -> dict:
+def read_rank(folder: str | os.PathLike, owner: int | None = None, metrics: bool = True) -> dict:
     """One rank's record; never raises, whatever is on disk.
 
     {'run', 'summary': dict or None, 'metrics': list of dicts, 'truncated': bool, 'state',
      'unreadable': '<rank folder>/<file>: <why>' or None, 'problems': list of sentences}.
     state: summary's status ('completed', 'failed'), 'running or killed' (run.json but no summary),
     'missing' (neither), or 'unreadable: <rank folder>/<file>: <why>' when a file cannot be used at all;
-    what could be read of the other files is kept."""
+    what could be read of the other files is kept. Every file must belong to `owner` (a uid; default: the rank
+    folder's owner), the user whose job wrote it. metrics=False leaves metrics.jsonl unread."""
     folder = Path(folder)
     record = {"run": None, "metrics": [], "summary": None, "state": "missing", "truncated": False,
               "unreadable": None, "problems": []}
     unreadable = []
-    if folder.exists() and not folder.is_dir():
-        unreadable.append(f"{folder.name}: a file, not a folder")
-    else:
-        for key, name in (("run", "run.json"), ("summary", "summary.json")):
-            try:
-                record[key], problems = read_json_object(folder / name)
-            except Unreadable as error:
-                unreadable.append(f"{folder.name}/{error}")
-            else:
-                record["problems"] += [f"{folder.name}/{p}" for p in problems]
-        scan = scan_metrics(folder / "metrics.jsonl")
+    try:
+        found_owner = untrusted.folder_owner(folder)
+    except FileNotFoundError:
+        return record
+    except untrusted.Refused as error:
+        return refused_rank(f"{folder.name}: a file, not a folder" if folder.is_file() and not folder.is_symlink()
+                            else f"{folder.name}: {error.why}")
+    owners = {found_owner if owner is None else owner}
+    if found_owner not in owners:
+        return refused_rank(f"{folder.name}: belongs to {untrusted.user_name(found_owner)}, not to "
+                            f"{untrusted.user_name(owner)} whose job this is: not read")
+    for key, name in (("run", "run.json"), ("summary", "summary.json")):
+        try:
+            record[key], problems = read_json_object(folder / name, owners)
+        except Unreadable as error:
+            unreadable.append(f"{folder.name}/{error}")
+        else:
+            record["problems"] += [f"{folder.name}/{p}" for p in problems]
+    if metrics:
+        scan = scan_metrics(folder / "metrics.jsonl", owners)
         record.update(metrics=scan.records, truncated=scan.truncated)
         record["problems"] += [f"{folder.name}/{p}" for p in scan.problems]
         if scan.unreadable:
@@ -592,3 +610,9 @@ def read_rank(folder: str | os.PathLike) -> dict:
     elif record["run"] is not None:
         record["state"] = "running or killed"
     return record
+
+
+def refused_rank(why: str) -> dict:
+    """The record of a rank (or run) that is not read at all: state 'unreadable: <why>'."""
+    return {"run": None, "metrics": [], "summary": None, "state": f"{UNREADABLE}: {why}", "truncated": False,
+            "unreadable": why, "problems": [why]}

@@ -58,6 +58,14 @@ def shared_top(top: Path, what: str) -> Path:
            "profile (DLOKIT_LOG_DIR / DLOKIT_RUNS_DIR) to a folder of yours")
     if not top.is_dir():
         top.parent.mkdir(parents=True, exist_ok=True)
+        parent = top.parent.stat()
+        if parent.st_uid != os.getuid() and os.getuid() != 0:
+            # made by this user, a folder every user shares would be theirs: as owner of a sticky folder they could
+            # rename another user's part away and put their own in its place
+            raise FolderError(f"{top} ({what}) does not exist, and {top.parent} belongs to {_owner(top.parent)}: a "
+                              f"class folder's shared folders are made by an instructor. Ask them to run `python -m "
+                              f"dlokit.classroom folders --group INSTRUCTORS` with your profile; or set log_dir / "
+                              "runs_dir in your profile (DLOKIT_LOG_DIR / DLOKIT_RUNS_DIR) to a folder of yours")
         _make(top, OPEN_TO_ALL, what, fix)
     if not os.access(top, os.W_OK | os.X_OK):
         raise FolderError(f"cannot write in {top} ({what}): it belongs to {_owner(top)} (mode "
@@ -76,6 +84,9 @@ def make_private(path: Path) -> Path:
     """A folder of this user's, made (or left) with the mode of a user's own part (see private_mode)."""
     mode = private_mode(path.parent)
     path.mkdir(mode=mode, exist_ok=True)
+    if path.lstat().st_uid != os.getuid():
+        raise FolderError(f"{path} belongs to {_owner(path)}, not to you: another user made it before your job could, "
+                          "and the kit does not write your records into it. Show it to your instructor")
     _set_mode(path, mode)
     return path
 

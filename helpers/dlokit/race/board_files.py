@@ -1,7 +1,8 @@
 """The leaderboard folder's files, read and written as untrusted input: every student writes there, everyone reads.
 
-Reading: only regular files are opened (a FIFO, a device, a folder or a link is skipped unopened, so nothing a
-student puts there can make a reader hang), at most `max_bytes` of each, parsed as JSON, never unpickled.
+Reading: through dlokit.in_job.untrusted (a FIFO, a device, a folder or a link is refused, so nothing a student puts
+there can make a reader hang), at most `max_bytes` of each, parsed as JSON, never unpickled; whose file it is is
+returned with it, for the board to check.
 Writing: a temporary file of this process, renamed over the wanted name; when another user holds that name (a
 squatted name in a sticky folder), under a name nobody could have guessed; the temporary file never stays behind.
 Who is trusted to publish the instructors' check: root, the folder's owner, and, in a class folder (setgid), the
@@ -17,6 +18,8 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..in_job import untrusted
 
 MAX_ENTRY_BYTES = 64 * 1024
 
@@ -40,27 +43,12 @@ def read_json_files(folder: Path, prefix: str = "", max_bytes: int = MAX_ENTRY_B
 
 def _read_one(path: Path, max_bytes: int) -> SharedFile:
     try:
-        info = os.lstat(path)
+        uid = os.lstat(path).st_uid
+        return SharedFile(path.name, uid, value=untrusted.read_json(path, max_bytes, owners=untrusted.ANYONE))
+    except untrusted.Refused as error:
+        return SharedFile(path.name, uid, problem=error.why if "regular file" in error.why else f"unreadable ({error.why})")
     except OSError as error:
         return SharedFile(path.name, -1, problem=f"unreadable ({error.strerror})")
-    if not stat.S_ISREG(info.st_mode):
-        return SharedFile(path.name, info.st_uid, problem="not a regular file (a FIFO, a link or a device): skipped "
-                                                          "unopened")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        return SharedFile(path.name, info.st_uid, problem=f"unreadable ({error.strerror})")
-    with os.fdopen(fd, "rb") as handle:
-        opened = os.fstat(handle.fileno())  # the file itself, not whatever the name pointed to at lstat
-        if not stat.S_ISREG(opened.st_mode):
-            return SharedFile(path.name, opened.st_uid, problem="not a regular file: skipped")
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        return SharedFile(path.name, opened.st_uid, problem=f"larger than {max_bytes // 1024} KiB: not an entry")
-    try:
-        return SharedFile(path.name, opened.st_uid, value=json.loads(data.decode("utf-8")))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        return SharedFile(path.name, opened.st_uid, problem=f"unreadable ({type(error).__name__})")
 
 
 def write_json(folder: Path, name: str, value) -> Path:

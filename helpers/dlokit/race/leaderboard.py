@@ -21,6 +21,7 @@ No secret anywhere: no API key, no hosted service.
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 import stat
@@ -31,7 +32,7 @@ import pandas as pd
 
 from ..in_job import shared_folders
 from . import board_files
-from ..submission.jobs import JOB_ID_PATTERN
+from ..submission.jobs import RUN_ID_PATTERN
 from ..submission.jobspec import NAME_PATTERN
 from ..submission.profiles import Profile, current_profile
 from ..in_job.runrecord import is_number
@@ -40,6 +41,7 @@ from ..analysis.race_history import history
 SCHEMA = 1
 TOLERANCE = 1e-9
 CHECKED_PREFIX = ".checked-"  # the instructors' published check: .checked-<user>.json
+MAX_CHECK_BYTES = 8 * 1024 ** 2  # what a student's board reads of it: publish refuses a larger one
 NOT_VERIFIED = "not verified"
 SET_UP = "python -m dlokit.classroom folders"
 COLUMNS = ["rank", "nickname", "top1", "final_top1", "gpu_hours", "over_budget", "energy", "gpus", "epochs",
@@ -162,7 +164,7 @@ class Leaderboard:
             return "not a leaderboard entry"
         nickname, run_id = entry.get("nickname"), entry.get("run_id")
         if not (isinstance(nickname, str) and NAME_PATTERN.fullmatch(nickname)
-                and isinstance(run_id, str) and JOB_ID_PATTERN.fullmatch(run_id)):
+                and isinstance(run_id, str) and RUN_ID_PATTERN.fullmatch(run_id)):
             return "no valid nickname or run id"
         for key in ("top1", "final_top1", "gpu_hours"):
             if not is_number(entry.get(key)):
@@ -207,7 +209,11 @@ class Leaderboard:
                 rejected.append((found.name, why))
             else:
                 candidates.setdefault(found.value["run_id"], []).append(found)
-        published, when, checked_rejections = self.published()
+        try:
+            published, when, checked_rejections = self.published()
+        except LeaderboardError as error:  # named to whoever reads the board; others' entries then read not verified
+            published, when, checked_rejections = {}, "", {}
+            rejected.append((f"{CHECKED_PREFIX}*", str(error)))
         for run_id, files in candidates.items():
             shown = None
             for found in sorted(files, key=lambda f: (f.name != f"{f.value['nickname']}--{run_id}.json",
@@ -273,16 +279,30 @@ class Leaderboard:
         check = {"schema": SCHEMA, "published_at": time.time(), "by": board_files.owner_name(os.getuid()),
                  "accepted": [{k: v for k, v in e.items() if k != "checked"} for e in accepted],
                  "rejected": {by_run[name]: why for name, why in rejected if isinstance(by_run.get(name), str)}}
-        return board_files.write_json(self.folder, f"{CHECKED_PREFIX}{board_files.owner_name(os.getuid())}.json",
-                                      check)
+        size = len(json.dumps(check, indent=1).encode())
+        if size > MAX_CHECK_BYTES:
+            raise LeaderboardError(f"the check would be {size / 1024 ** 2:.1f} MiB, over the {MAX_CHECK_BYTES >> 20} MiB "
+                                   f"a student's board reads: not published. {len(accepted)} entries are shown; remove "
+                                   "the rejected ones that bloat it (`python -m dlokit.classroom board` lists them)")
+        name = f"{CHECKED_PREFIX}{board_files.owner_name(os.getuid())}"
+        path = board_files.write_json(self.folder, f"{name}.json", check)
+        for old in self.folder.glob(f"{name}.*.json"):  # written earlier past a squatted name: this one replaces them
+            if old != path and old.lstat().st_uid == os.getuid():
+                old.unlink(missing_ok=True)
+        return path
 
     def published(self) -> tuple[dict, str, dict]:
         """The instructors' latest published check: ({run id: entry as the record has it}, when, {run id: why
         rejected}); empty when none (files by anyone but the instructors are ignored)."""
         trusted = board_files.trusted_uids(self.folder)
-        checks = [f.value for f in board_files.read_json_files(self.folder, CHECKED_PREFIX, max_bytes=8 * 1024 ** 2)
-                  if f.problem is None and f.uid in trusted and isinstance(f.value, dict)
-                  and f.value.get("schema") == SCHEMA and isinstance(f.value.get("accepted"), list)]
+        found = [f for f in board_files.read_json_files(self.folder, CHECKED_PREFIX, max_bytes=MAX_CHECK_BYTES)
+                 if f.uid in trusted]
+        broken = [f for f in found if f.problem is not None]
+        if broken:  # never an older check in its place: what the board shows would be stale, silently
+            raise LeaderboardError(f"the instructors' check {broken[0].name} cannot be read ({broken[0].problem}): "
+                                   "ask an instructor to publish it again")
+        checks = [f.value for f in found if isinstance(f.value, dict) and f.value.get("schema") == SCHEMA
+                  and isinstance(f.value.get("accepted"), list)]
         if not checks:
             return {}, "", {}
         latest = max(checks, key=_posted_at_key)

@@ -14,9 +14,7 @@ in it can run code). A checkpoint that needs more is refused, named, and never u
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
-import stat
 import sys
 from pathlib import Path
 
@@ -30,11 +28,13 @@ from common.evaluation import evaluate
 from common.image_data import val_transform
 from common.image_models import create_model, small_image_stem
 
+from dlokit.in_job import untrusted
+from dlokit.in_job.jobenv import EXIT_REFUSED
 from dlokit.in_job.runrecord import RunRecorder
 
 
 MAX_CHECKPOINT_GB = 4
-EXIT_REFUSED = 3  # the checkpoint was refused: the message says why
+HOLDS_MORE = "holds more than weights (an object that could run code)"
 
 
 class RefusedCheckpoint(ValueError):
@@ -44,24 +44,19 @@ class RefusedCheckpoint(ValueError):
 def load_weights(path: Path) -> dict:
     """The model's state dict from a student's checkpoint, read as data only (see the module's docstring)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise RefusedCheckpoint(f"{path}: cannot be opened ({error.strerror}; a link is not followed)") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise RefusedCheckpoint(f"{path}: not a regular file")
-        if info.st_size > MAX_CHECKPOINT_GB * 1024 ** 3:
-            raise RefusedCheckpoint(f"{path}: {info.st_size / 1024 ** 3:.1f} GB, more than {MAX_CHECKPOINT_GB} GB")
-        try:
+        with untrusted.open_regular(path, MAX_CHECKPOINT_GB * 1024 ** 3) as handle:  # the run folder's owner's
             state = torch.load(handle, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as error:  # what weights_only refuses: an object that would run code
-            said = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
-            raise RefusedCheckpoint(f"{path}: holds more than weights (an object that could run code), refused "
-                                    f"unloaded" + (f": {said[0][:200]}" if said else "")) from None
-        except (RuntimeError, EOFError, ValueError) as error:
-            raise RefusedCheckpoint(f"{path}: not a readable checkpoint ({type(error).__name__}: "
-                                    f"{str(error)[:200]})") from None
+    except untrusted.Refused as error:
+        raise RefusedCheckpoint(str(error)) from None
+    except FileNotFoundError:
+        raise RefusedCheckpoint(f"{path}: no such file") from None
+    except pickle.UnpicklingError as error:  # what weights_only refuses: an object that would run code
+        said = [line.strip() for line in str(error).splitlines() if "Unsupported global" in line]
+        raise RefusedCheckpoint(f"{path}: {HOLDS_MORE}, refused unloaded" + (f": {said[0][:200]}" if said else "")) \
+            from None
+    except (RuntimeError, EOFError, ValueError) as error:
+        raise RefusedCheckpoint(f"{path}: not a readable checkpoint ({type(error).__name__}: "
+                                f"{str(error)[:200]})") from None
     weights = state.get("model") if isinstance(state, dict) else None
     if not isinstance(weights, dict):
         raise RefusedCheckpoint(f"{path}: has no 'model' state dict")

@@ -23,11 +23,13 @@ from ..analysis.run import load_run
 from ..submission.jobs import wait
 from ..submission.profiles import current_profile
 from ..in_job.runrecord import is_number
+from ..in_job.untrusted import printable
 from ..submission.submit import gpu_jobs_submitter
 from .leaderboard import Leaderboard
 from ..analysis.race_history import history
 
 SCORER = Path(__file__).with_name("score_checkpoint.py")
+VERIFY_TAG = "race-verify"  # the scoring jobs' tag: the instructor's jobs, not a student's (the class report skips them)
 COLUMNS = ["rank", "nickname", "run_id", "claimed_top1", "claimed_low", "claimed_high", "test_top1", "test_low",
            "test_high", "flag", "score_job"]
 
@@ -73,7 +75,7 @@ def verify_race(test_dir=None, board: Leaderboard | None = None, time_max: str =
     board = board or Leaderboard(profile=profile)
     accepted, _ = board.read()
     jobs = [gpu_jobs_submitter(scoring_command(e, board.runs_dir, test_dir), n_gpu=1, name="verify",
-                               time_max=time_max, tag="race-verify", verbose=False)[0] for e in accepted]
+                               time_max=time_max, tag=VERIFY_TAG, verbose=False)[0] for e in accepted]
     outcomes = {o.job_id: o for o in wait(jobs)} if jobs else {}
     rows = []
     for entry, job in zip(accepted, jobs):
@@ -81,7 +83,10 @@ def verify_race(test_dir=None, board: Leaderboard | None = None, time_max: str =
         tested = _tested(job, profile.runs) if outcomes[job].state == "COMPLETED" else stats.NO_ESTIMATE
         if not tested.usable:
             outcome = outcomes[job]
-            flag = f"not scored ({outcome.state}): " + (outcome.cause.strip().splitlines() or ["no cause found"])[-1]
+            lines = outcome.cause.strip().splitlines() or ["no cause found"]
+            said = next((line for line in lines if "refused" in line), lines[-1])
+            flag = printable(f"refused: {said}" if outcome.state == "REFUSED" else f"not scored ({outcome.state}): "
+                             f"{lines[-1]}", 300)
         elif claimed.usable and (claimed.low > tested.high or claimed.high < tested.low):
             flag = (f"claimed {claimed.value:.3f} [{claimed.low:.3f}–{claimed.high:.3f}] on validation, scored "
                     f"{tested.value:.3f} [{tested.low:.3f}–{tested.high:.3f}] on the test split: they disagree "

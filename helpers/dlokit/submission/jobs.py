@@ -11,20 +11,19 @@ files only (never a FIFO, a device or a symbolic link), and never more than a bo
 from __future__ import annotations
 
 import atexit
-import errno
 import json
 import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..in_job.jobenv import EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED
+from ..in_job import untrusted
+from ..in_job.jobenv import EXIT_OUT_OF_MEMORY, EXIT_PEER_FAILED, EXIT_REFUSED
 from .jobspec import format_seconds
 from .profiles import current_profile
 
@@ -85,14 +84,16 @@ class JobCard:
         """A note written beside the job: the local launcher's (`waiting`, `started`...) or its task's (`history`
         of a job that requeued itself, dlokit.race.requeue); {} when absent or unreadable."""
         try:
-            value = json.loads(read_regular(Path(self.folder) / f"{self.scheduler_id}_{kind}.json"))
-        except (OSError, ValueError, RecursionError):
+            value = untrusted.read_json(Path(self.folder) / f"{self.scheduler_id}_{kind}.json")
+        except OSError:
             return {}
         return value if isinstance(value, dict) else {}
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.job_id
+        """Where the job's records are: `<runs>/<job id>`, `<runs>/<job id>@<cluster>` for a Slurm job (its run id,
+        dlokit.in_job.runrecord.slurm_run_id)."""
+        return Path(self.runs_dir) / (f"{self.job_id}@{self.cluster}" if self.cluster else self.job_id)
 
 
 @dataclass
@@ -156,78 +157,6 @@ def remember(card: JobCard, job) -> None:
     _live_jobs[card.job_id] = job
 
 
-# ---- files of a job folder (maybe another user's) -------------------------------------------
-
-MAX_NOTE_BYTES = 4 * 1024 ** 2  # a card, a note, a usage record: the kit writes a few hundred bytes
-FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def read_regular(path: Path, limit: int = MAX_NOTE_BYTES, last: bool = False) -> bytes:
-    """The first (last=True: the last) `limit` bytes of a regular file. Never follows a symbolic link, never
-    opens a FIFO or a device for good (O_NONBLOCK, then fstat): the folder may be another user's, who could
-    plant one to hang or mislead the reader. OSError naming what the file is when it is not a regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, "a symbolic link, not a regular file: not followed", str(path)) from None
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
-            raise OSError(errno.EINVAL, f"{kind}, not a regular file: not read", str(path))
-        if last:
-            os.lseek(fd, max(0, os.fstat(fd).st_size - limit), os.SEEK_SET)
-        chunks, left = [], limit
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-RECORD_FILES = ("run.json", "summary.json", "metrics.jsonl")
-MAX_RECORD_BYTES = 512 * 1024 ** 2  # a run record's metrics of a long training stay far below
-
-
-def record_refused(run_dir: Path) -> str:
-    """Why a run record must not be read ('' when it may): a rank folder or a record file that is not a plain
-    folder or regular file (a FIFO would hang the reader), or a file past MAX_RECORD_BYTES."""
-    try:
-        ranks = [p for p in Path(run_dir).iterdir() if p.name.startswith("rank")] if Path(run_dir).is_dir() else []
-    except OSError as error:
-        return f"{run_dir}: cannot be listed ({error.strerror or error})"
-    for rank in ranks:
-        try:
-            mode = rank.lstat().st_mode
-        except OSError:
-            continue
-        if stat.S_ISLNK(mode) or not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-            return f"{rank.name}: {_kind(mode)}, refused"
-        for name in RECORD_FILES if stat.S_ISDIR(mode) else ():
-            try:
-                info = (rank / name).lstat()
-            except OSError:
-                continue
-            if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
-                return f"{rank.name}/{name}: {_kind(info.st_mode)}, not a regular file: refused"
-            if info.st_size > MAX_RECORD_BYTES:
-                return f"{rank.name}/{name}: {info.st_size // 1024 ** 2} MiB, over {MAX_RECORD_BYTES >> 20} MiB"
-    return ""
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
-
-
 # ---- job cards on disk ------------------------------------------------------------------------
 
 MAX_TASKS = 65536  # a card asking for more tasks is not one the kit wrote (and would make loops endless)
@@ -246,13 +175,11 @@ def load_card(path: Path) -> JobCard:
     import dataclasses
 
     try:
-        value = json.loads(read_regular(Path(path)).decode("utf-8"))
+        value = untrusted.read_json(path)
+    except untrusted.Refused as error:
+        raise BadCard(f"{path}: {error.why}") from None
     except OSError as error:
         raise BadCard(f"{path}: cannot be read ({error.strerror or error})") from None
-    except UnicodeDecodeError:
-        raise BadCard(f"{path}: not UTF-8 text") from None
-    except (ValueError, RecursionError):
-        raise BadCard(f"{path}: not JSON (truncated or damaged)") from None
     if not isinstance(value, dict):
         raise BadCard(f"{path}: not a JSON object ({type(value).__name__})")
     known = {f.name: f for f in dataclasses.fields(JobCard)}
@@ -290,7 +217,8 @@ def all_cards(name: str | None = None, log_dir: Path | None = None) -> list[JobC
     return sorted(cards, key=lambda c: c.submitted_at)
 
 
-JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # bounded: it becomes a file name
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(@[a-z0-9][a-z0-9_.-]{0,63})?")  # a Slurm job's: @cluster
 
 
 def check_job_id(job_id) -> str:
@@ -329,7 +257,7 @@ def _cluster_name(conf: Path, exists: bool) -> str:
     """ClusterName from the slurm.conf file, or from the controller when there is no file (configless Slurm)."""
     if exists:
         try:
-            for line in read_regular(conf).decode(errors="replace").splitlines():
+            for line in untrusted.read_bytes(conf, owners=untrusted.ANYONE).decode(errors="replace").splitlines():
                 name, _, value = line.split("#")[0].partition("=")
                 if name.strip().lower() == "clustername" and value.strip():
                     return value.strip().lower()  # Slurm lowers it too
@@ -427,7 +355,7 @@ def check_name_like(name: str) -> None:
 def tail(path: Path, lines: int = 1) -> str:
     """The last non-blank lines of a text file (of its last 8 KiB); "" when it cannot be read."""
     try:
-        text = read_regular(Path(path), 8192, last=True).decode(errors="replace")
+        text = untrusted.read_tail(Path(path), 8192).decode(errors="replace")
     except OSError:  # absent, a folder, a FIFO, no permission
         return ""
     kept = [line for line in text.splitlines() if line.strip()]
@@ -586,7 +514,7 @@ def usage_record(card: JobCard, task: int) -> tuple[dict | None, str]:
     nothing usable (empty, damaged, not the kit's, not a regular file): then how the task ended is not known."""
     path = Path(card.folder) / f"{card.scheduler_id}_{task}_usage.json"
     try:
-        data = read_regular(path)
+        data = untrusted.read_bytes(path)
     except FileNotFoundError:
         return None, ""
     except OSError as error:
@@ -691,6 +619,8 @@ def card_outcome(card: JobCard) -> Outcome:
         logs = raw + "\n" + _err_tails(card)
         if any(sign in logs for sign in TIMED_OUT_SIGNS):
             outcome.state = "TIMEOUT"
+        elif any(u.get("returncode") == EXIT_REFUSED for u in usage):  # its input was refused, never loaded
+            outcome.state = "REFUSED"
         elif (any(sign in evidence for sign in OUT_OF_MEMORY_SIGNS)
               or any(u.get("returncode") == EXIT_OUT_OF_MEMORY for u in usage)):  # a rank said so by its exit code
             outcome.state = "OUT_OF_MEMORY"
@@ -733,10 +663,7 @@ def _last_step(card: JobCard) -> str:
     """'; its run record's last step: N' from the job's run record (rank 0), '' when there is none to read."""
     from ..in_job.runrecord import read_rank
 
-    rank0 = card.run_dir / "rank0"
-    if not rank0.is_dir() or record_refused(card.run_dir):
-        return ""
-    steps = [line.get("step") for line in read_rank(rank0)["metrics"] if line.get("kind") == "step"]
+    steps = [line.get("step") for line in read_rank(card.run_dir / "rank0")["metrics"] if line.get("kind") == "step"]
     numbers = [step for step in steps if isinstance(step, int) and not isinstance(step, bool)]
     return f"; its run record's last step: {max(numbers)}" if numbers else "; its run record has no step"
 

@@ -23,7 +23,7 @@ from submitit.local.local import LocalJob
 
 from . import devices, jobs
 from ..in_job import jobenv, shared_folders
-from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, cluster_limits, plan,
+from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, check_name, cluster_limits, plan,
                       setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
 from ..in_job.task import ScriptTask
@@ -298,6 +298,8 @@ def gpu_jobs_submitter(command_or_list, n_gpu=1, module=None, name="dlokit", n_g
     if len(meant) != len(wanted):
         raise ValueError(f"expected: {len(meant)} entries for {len(wanted)} jobs")
     meant = [jobs.expected_ends(m) for m in meant]  # checked before anything is submitted
+    if tag:
+        check_name(str(tag), label="tag")  # it reaches the class report's grid and the instructor's terminal
     profile = current_profile()
     specs = [JobSpec.from_command(cmd, name=name, n_gpu=gpus, n_gpu_per_task=n_gpu_per_task, time_max=time_max,
                                   module=module, qos=qos, partition=partition, constraint=constraint,
