@@ -225,7 +225,7 @@ def offload_table(runs, runs_dir=None) -> pd.DataFrame:
         found = [(r.get("summary") or {}).get("memory_bytes") or {} for r in run.ranks.values()]
         found = [m for m in found if m.get("optimizer") is not None]
         busiest = max(found, key=lambda m: m["optimizer"]) if found else {}
-        gpus = run.config.get("process_group_backend") == "nccl"  # the kit's process group: NCCL on GPUs, gloo on CPUs
+        gpus = run.on_gpu
         offload = bool(run.config.get("offload_optimizer"))
         note = ("" if not offload else "not applicable here: the model trains on the CPU, its optimizer states are on the "
                 "host already (nothing to move)" if not gpus else "the states and their step on the host")
