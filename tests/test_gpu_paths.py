@@ -238,3 +238,15 @@ def test_a_run_told_the_cpu_is_a_cpu_run_on_a_gpu_machine(tmp_path):
     run = gpu_offload_record(tmp_path)
     run.ranks[0]["run"]["config"]["device"] = "cpu"
     assert run.device_type == "cpu" and not run.on_gpu
+
+
+def test_the_llm_scripts_apply_tf32_when_they_join(tf32_restored, monkeypatch):
+    """--tf32, in train_llm.py and train_deepspeed.py alike (llm_options.setup_device): applied, not only parsed."""
+    from llm_kit import llm_options
+    from dlokit.in_job.measure import tf32_enabled
+
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    for tf32 in (True, False):
+        assert str(llm_options.setup_device(llm_options.parse_args(["--tf32"] if tf32 else []))) == "cpu"
+        assert tf32_enabled(ops=("matmul",)) is tf32
