@@ -194,13 +194,13 @@ MODEL = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 176
          "tie_embeddings": False}
 
 
-def gpu_offload_record(runs_dir, run_id="offload", world=2):
+def gpu_fsdp_record(runs_dir, run_id="offload", world=2, cpu_offload=True):
     """What train_llm.py --mode fsdp --cpu-offload records on 2 GPUs: its process group joined "cpu:gloo,cuda:nccl"
     (llm_options.process_group_backend: the offloaded shards' collectives on the host), each process seeing its
     cuda:0 (hardware as describe_hardware reads it there)."""
     from dlokit.in_job.runrecord import RunRecorder
 
-    config = {"mode": "fsdp", "data_parallel": "fsdp", "dp": world, "cpu_offload": True, "dtype": "fp32",
+    config = {"mode": "fsdp", "data_parallel": "fsdp", "dp": world, "cpu_offload": cpu_offload, "dtype": "fp32",
               "batch_size": 8, "seq_len": 64, "process_group_backend": "cpu:gloo,cuda:nccl", "model": MODEL}
     for rank in range(world):
         with RunRecorder(config, rank=rank, world_size=world, run_id=run_id, runs_dir=runs_dir) as rec:
@@ -220,10 +220,11 @@ def test_an_offloaded_fsdp_record_on_gpus_is_a_gpu_run_everywhere(tmp_path):
     from dlokit import memory_model
     from dlokit.analysis import layout_scan, llm_memory, plan_check, throughput
 
-    run = gpu_offload_record(tmp_path)
+    run = gpu_fsdp_record(tmp_path)
     assert run.device_type == "cuda" and run.on_gpu
     [row] = layout_scan.scan_table([], [], levers=[run]).to_dict("records")
-    offloaded = llm_memory.layout_need_mb(MODEL, "fsdp", ranks=2, batch_size=8, seq_len=64, cpu_offload=True)
+    offloaded = llm_memory.layout_need_mb(MODEL, "fsdp", ranks=2, batch_size=8, seq_len=64, cpu_offload=True,
+                                          cuda=True)
     assert row["on_gpu"] and row["layout"] == "fsdp+offload" and row["modelled_mb"] == pytest.approx(offloaded)
     chosen = pd.DataFrame([{"layout": "fsdp", "rank": 1, "step_s": 0.1}])
     [planned] = plan_check.predicted_vs_measured(chosen, [run]).to_dict("records")
@@ -234,8 +235,25 @@ def test_an_offloaded_fsdp_record_on_gpus_is_a_gpu_run_everywhere(tmp_path):
     assert throughput.run_peak(run, None) == (2 * 989e12, "H100 SXM dense bf16 peak")  # the datasheet's, per GPU
 
 
+def test_the_scan_models_a_gpu_runs_foreach_adamw_and_none_under_offload(tmp_path):
+    """On a GPU AdamW's foreach step allocates sqrt(v) for every weight of the rank (what --memory-limit bounds there);
+    FSDP2's offloaded shards step on the host, where AdamW loops: nothing more on the device."""
+    from dlokit import memory_model
+    from dlokit.analysis import layout_scan, llm_memory
+
+    run = gpu_fsdp_record(tmp_path, "fsdp", cpu_offload=False)
+    [row] = layout_scan.scan_table([], [run]).to_dict("records")
+    need = {cuda: llm_memory.layout_need_mb(MODEL, "fsdp", ranks=2, batch_size=8, seq_len=64, cuda=cuda)
+            for cuda in (False, True)}
+    assert row["modelled_mb"] == pytest.approx(need[True])
+    weights = memory_model.params_on_rank(MODEL)
+    assert need[True] - need[False] == pytest.approx(4 * weights / 2 / llm_memory.MIB)  # fp32, this rank's half
+    offloaded = memory_model.estimate(MODEL, batch_size=4, seq_len=64, dp=2, zero=3, cuda=True, cpu_offload=True)
+    assert offloaded.optimizer_step == 0 and offloaded.host > 0
+
+
 def test_a_run_told_the_cpu_is_a_cpu_run_on_a_gpu_machine(tmp_path):
-    run = gpu_offload_record(tmp_path)
+    run = gpu_fsdp_record(tmp_path)
     run.ranks[0]["run"]["config"]["device"] = "cpu"
     assert run.device_type == "cpu" and not run.on_gpu
 

@@ -88,7 +88,7 @@ def _modelled_mib(run) -> float | None:
                               dtype=config.get("dtype") or "fp32",
                               activation_checkpointing=bool(config.get("activation_checkpointing")),
                               grad_accum=int(config.get("grad_accum") or 1),
-                              cpu_offload=bool(config.get("cpu_offload")) and run.on_gpu)
+                              cpu_offload=bool(config.get("cpu_offload")) and run.on_gpu, cuda=run.on_gpu)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
