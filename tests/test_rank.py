@@ -161,3 +161,26 @@ def test_a_task_is_pinned_to_its_gpus_cores_not_to_cuda_0s(monkeypatch):
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: pinned.append(list(cores)))
     env = task_env({**NODE_OF_4_GPUS, jobenv.DEVICES: "gpu0,gpu1,gpu2,gpu3", jobenv.CPUS_PER_TASK: "2"}, 1)
     assert task._pin_to_own_cores(env) == 2 and pinned == [[2, 3]]
+
+
+def test_bench_pin_rank_pins_a_kit_task_by_its_place_on_the_node(monkeypatch):
+    """bench/pin_rank.py inside a kit GPU job: every task reads LOCAL_RANK 0, its cores follow DLOKIT_TASK_ON_NODE."""
+    import importlib.util
+    import os
+    import runpy
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("pin_rank", Path(__file__).parents[1] / "bench" / "pin_rank.py")
+    pin_rank = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pin_rank)
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: pinned.append(list(cores)))
+    monkeypatch.setattr(runpy, "run_path", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sys, "argv", ["pin_rank.py", "script.py"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for key, value in task_env({**NODE_OF_4_GPUS, "OMP_NUM_THREADS": "2"}, 3).items():
+        monkeypatch.setenv(key, value)
+    pin_rank.main()
+    assert pinned == [[6, 7]]
