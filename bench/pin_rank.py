@@ -13,6 +13,8 @@ import os
 import runpy
 import sys
 
+from dlokit.in_job.rank import detect
+
 
 def pin(local_rank: int, cores_per_rank: int) -> list[int]:
     cores = sorted(os.sched_getaffinity(0))
@@ -25,8 +27,8 @@ def pin(local_rank: int, cores_per_rank: int) -> list[int]:
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    if hasattr(os, "sched_setaffinity"):
-        pin(int(os.environ.get("LOCAL_RANK", "0")), max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    if hasattr(os, "sched_setaffinity"):  # by the rank's place on its node: LOCAL_RANK is 0 in a kit task (its one GPU)
+        pin(detect().task_on_node, max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as if the script had been started directly

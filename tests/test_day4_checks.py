@@ -353,6 +353,30 @@ def test_loss_match_judges_a_pair_at_the_tolerance_of_its_coarser_precision(tmp_
     assert figure.axes[1].get_legend().get_texts()[0].get_text() == "tolerance 0.005 (bf16)"
 
 
+def test_an_fp32_pair_with_tf32_on_a_gpu_is_judged_at_tf32s_tolerance(tmp_path):
+    """TF32 rounds each product's inputs (a 10-bit mantissa): a pair 1.5e-3 apart matches at TF32's 2e-3, not at
+    fp32's 1e-3; on a CPU --tf32 changes nothing, and the pair is judged as fp32."""
+    from dlokit.analysis.loss_match import TOLERANCES, loss_match_table
+    from dlokit.analysis.run import load_run
+
+    base = [5.5364, 5.3853, 5.1603]
+    for where, gpus in (("gpu", 1), ("cpu", 0)):
+        for run_id, shift, mode in ((f"single-{where}", 0.0, "single"), (f"close-{where}", 1.5e-3, "fsdp"),
+                                    (f"wrong-{where}", 2e-2, "fsdp")):
+            _losses(tmp_path, run_id, [x + shift for x in base], "fp32", mode=mode)
+            record = tmp_path / run_id / "rank0" / "run.json"
+            header = json.loads(record.read_text())
+            header["config"]["tf32_applied"] = True
+            header["hardware"]["gpu_count"] = gpus
+            record.write_text(json.dumps(header))
+    assert load_run(tmp_path / "close-gpu").on_gpu and not load_run(tmp_path / "close-cpu").on_gpu
+    on_gpu = loss_match_table(["close-gpu", "wrong-gpu"], "single-gpu", runs_dir=tmp_path, throughput=False)
+    assert on_gpu.attrs["dtype"] == "tf32" and on_gpu.attrs["tolerance"] == TOLERANCES["tf32"] == 2e-3
+    assert on_gpu["matched"].tolist() == [True, False]
+    on_cpu = loss_match_table(["close-cpu"], "single-cpu", runs_dir=tmp_path, throughput=False)
+    assert on_cpu.attrs["dtype"] == "fp32" and on_cpu["matched"].tolist() == [False]
+
+
 def test_a_loss_mismatch_names_the_todos_whose_code_the_runs_ran():
     """TP4.6 has no TODO of its own: an fsdp, tp-scratch or cp run off the single process's loss points at TP4.2,
     TP4.4 or TP4.5's code (the student course: 'fsdp ×2, tp-scratch ×2, cp ×2 does not match' named none)."""

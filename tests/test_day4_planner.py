@@ -14,13 +14,14 @@ FPT = 1.5e6  # FLOPs per token of the synthetic runs
 
 
 def train_run(runs_dir, run_id, step_s, *, world=2, mode="ddp", tokens=512, dtype="fp32", backend="gloo",
-              peak_flops=None, jitter=0.01):
+              peak_flops=None, jitter=0.01, gpus=0):
     config = {"mode": mode, "dtype": dtype, "batch_size": 8, "seq_len": 64, "process_group_backend": backend,
               "model": {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 176, "vocab_size": 256,
                         "tie_embeddings": False},
               "data_parallel": mode if mode in ("ddp", "zero1", "fsdp") else None, "dp": world}
     for rank in range(world):
         with RunRecorder(config, rank=rank, world_size=world, run_id=run_id, runs_dir=runs_dir) as rec:
+            rec.amend(hardware={**rec.header["hardware"], "gpu_count": gpus})  # what its process saw
             for step in range(1, 11):
                 t = step_s * (3 if step == 1 else 1 + jitter * ((step * 7) % 5 - 2))
                 rec.log("step", step=step, loss=5.0, t_step=t, t_data=0.0, tokens_per_s=tokens / t)
@@ -52,7 +53,7 @@ def test_mfu_on_a_cpu_divides_by_the_peak_measured_here_and_never_a_made_up_one(
 
 
 def test_mfu_on_a_gpu_divides_by_the_datasheet_peak_of_every_device(tmp_path):
-    run = dlokit.analysis.load_run(train_run(tmp_path, "gpu", 0.01, backend="nccl", peak_flops=989.5e12), tmp_path)
+    run = dlokit.analysis.load_run(train_run(tmp_path, "gpu", 0.01, backend="nccl", peak_flops=989.5e12, gpus=1), tmp_path)
     mfu, basis = throughput.mfu_estimate(run, None)
     assert mfu.value == pytest.approx(512 / 0.01 * FPT / (2 * 989.5e12), rel=0.02) and "H100" in basis
 

@@ -127,6 +127,18 @@ def test_the_check_passes_the_solution_and_fails_the_untouched_student(runs_dir,
     assert "TODO TP4.8" in STUDENT.read_text() and "engine.step()" not in STUDENT.read_text()
 
 
+def test_tf32_is_applied_and_recorded_as_train_llm_applies_it(tmp_path):
+    """--tf32 (kept from Day 1, a GPU-only choice) reaches DeepSpeed's ranks: their fp32 matmuls may use TF32 before
+    the model is built, as in train_llm.py's reference run. The run skips before DeepSpeed starts (no compiler)."""
+    env = {**os.environ, "DLOKIT_RUN_ID": "tf32", "OMP_NUM_THREADS": "1", "CXX": "/no/such/c++"}
+    command = [sys.executable, str(SOLUTION), *COMMON, "--zero-stage", "2", "--tf32", "--runs-dir", str(tmp_path)]
+    done = run_ranks(command, 2, env, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        config = json.loads((tmp_path / "tf32" / f"rank{rank}" / "run.json").read_text())["config"]
+        assert config["tf32"] is True and config["tf32_applied"] is True, config
+
+
 def test_without_a_compiler_the_run_says_why_it_skipped(runs_dir, monkeypatch):
     """On a CPU DeepSpeed compiles its shared-memory all-reduce when it starts: without a C++ compiler the run is
     recorded as skipped, with the reason, and the check is not applicable (not failed)."""

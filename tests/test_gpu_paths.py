@@ -186,3 +186,85 @@ def test_set_tf32_leaves_the_legacy_flags_readable(tf32_restored):
             expected = "tf32" if enabled else "ieee"
             assert torch.backends.cuda.matmul.fp32_precision == expected
             assert torch.backends.cudnn.conv.fp32_precision == expected
+
+
+# ---- one rule for "this run was on a GPU": the record's device, never its process group's backend ---------------
+
+MODEL = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 176, "vocab_size": 256,
+         "tie_embeddings": False}
+
+
+def gpu_fsdp_record(runs_dir, run_id="offload", world=2, cpu_offload=True):
+    """What train_llm.py --mode fsdp --cpu-offload records on 2 GPUs: its process group joined "cpu:gloo,cuda:nccl"
+    (llm_options.process_group_backend: the offloaded shards' collectives on the host), each process seeing its
+    cuda:0 (hardware as describe_hardware reads it there)."""
+    from dlokit.in_job.runrecord import RunRecorder
+
+    config = {"mode": "fsdp", "data_parallel": "fsdp", "dp": world, "cpu_offload": cpu_offload, "dtype": "fp32",
+              "batch_size": 8, "seq_len": 64, "process_group_backend": "cpu:gloo,cuda:nccl", "model": MODEL}
+    for rank in range(world):
+        with RunRecorder(config, rank=rank, world_size=world, run_id=run_id, runs_dir=runs_dir) as rec:
+            rec.amend(hardware={**rec.header["hardware"], "gpu_count": 1, "gpu_name": "NVIDIA H100 80GB HBM3"})
+            for step in (1, 2):
+                rec.log("step", step=step, loss=5.0, t_step=0.1, t_data=0.0, tokens_per_s=5120.0)
+            rec.finish(flops_per_token=1.5e6, peak_flops=989e12, mfu_basis="H100 SXM dense bf16 peak",
+                       memory_bytes={"params": 1e6, "grads": 1e6, "optimizer": 2e6, "activations": 1e5})
+    from dlokit.analysis.run import load_run
+
+    return load_run(runs_dir / run_id)
+
+
+def test_an_offloaded_fsdp_record_on_gpus_is_a_gpu_run_everywhere(tmp_path):
+    import pandas as pd
+
+    from dlokit import memory_model
+    from dlokit.analysis import layout_scan, llm_memory, plan_check, throughput
+
+    run = gpu_fsdp_record(tmp_path)
+    assert run.device_type == "cuda" and run.on_gpu
+    [row] = layout_scan.scan_table([], [], levers=[run]).to_dict("records")
+    offloaded = llm_memory.layout_need_mb(MODEL, "fsdp", ranks=2, batch_size=8, seq_len=64, cpu_offload=True,
+                                          cuda=True)
+    assert row["on_gpu"] and row["layout"] == "fsdp+offload" and row["modelled_mb"] == pytest.approx(offloaded)
+    chosen = pd.DataFrame([{"layout": "fsdp", "rank": 1, "step_s": 0.1}])
+    [planned] = plan_check.predicted_vs_measured(chosen, [run]).to_dict("records")
+    on_gpu = memory_model.estimate_for_run(run.config, cuda=True).total / llm_memory.MIB
+    assert planned["memory_predicted_mib"] == pytest.approx(on_gpu)
+    assert on_gpu != pytest.approx(memory_model.estimate_for_run(run.config).total / llm_memory.MIB)
+    assert llm_memory.offload_table([run])["device"].tolist() == ["GPU"]
+    assert throughput.run_peak(run, None) == (2 * 989e12, "H100 SXM dense bf16 peak")  # the datasheet's, per GPU
+
+
+def test_the_scan_models_a_gpu_runs_foreach_adamw_and_none_under_offload(tmp_path):
+    """On a GPU AdamW's foreach step allocates sqrt(v) for every weight of the rank (what --memory-limit bounds there);
+    FSDP2's offloaded shards step on the host, where AdamW loops: nothing more on the device."""
+    from dlokit import memory_model
+    from dlokit.analysis import layout_scan, llm_memory
+
+    run = gpu_fsdp_record(tmp_path, "fsdp", cpu_offload=False)
+    [row] = layout_scan.scan_table([], [run]).to_dict("records")
+    need = {cuda: llm_memory.layout_need_mb(MODEL, "fsdp", ranks=2, batch_size=8, seq_len=64, cuda=cuda)
+            for cuda in (False, True)}
+    assert row["modelled_mb"] == pytest.approx(need[True])
+    weights = memory_model.params_on_rank(MODEL)
+    assert need[True] - need[False] == pytest.approx(4 * weights / 2 / llm_memory.MIB)  # fp32, this rank's half
+    offloaded = memory_model.estimate(MODEL, batch_size=4, seq_len=64, dp=2, zero=3, cuda=True, cpu_offload=True)
+    assert offloaded.optimizer_step == 0 and offloaded.host > 0
+
+
+def test_a_run_told_the_cpu_is_a_cpu_run_on_a_gpu_machine(tmp_path):
+    run = gpu_fsdp_record(tmp_path)
+    run.ranks[0]["run"]["config"]["device"] = "cpu"
+    assert run.device_type == "cpu" and not run.on_gpu
+
+
+def test_the_llm_scripts_apply_tf32_when_they_join(tf32_restored, monkeypatch):
+    """--tf32, in train_llm.py and train_deepspeed.py alike (llm_options.setup_device): applied, not only parsed."""
+    from llm_kit import llm_options
+    from dlokit.in_job.measure import tf32_enabled
+
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    for tf32 in (True, False):
+        assert str(llm_options.setup_device(llm_options.parse_args(["--tf32"] if tf32 else []))) == "cpu"
+        assert tf32_enabled(ops=("matmul",)) is tf32

@@ -146,10 +146,11 @@ def test_the_course_cell_at_eight_gpus_runs_as_two_nodes_of_four_tasks(two_nodes
     for task in tasks:
         node = task["rank"] // 4
         assert task["node_id"] == node and task["hostname"] == task["slurm_node"] == f"node{node + 1}", task
-        assert task["local_rank"] == task["rank"] % 4 and task["local_world_size"] == 4, task
+        assert task["task_on_node"] == task["rank"] % 4 and task["tasks_on_node"] == 4, task
+        assert (task["local_rank"], task["local_world_size"]) == (0, 1), task  # counted over the one GPU it sees
         assert task["world_size"] == 8 and task["source"] == "torchrun", task  # the kit's task wrapper exports them
         assert task["master_addr"] == "node1" and task["master_ip"] == node1_ip, task
-        assert task["gpus"] == str(task["local_rank"]), task  # its own one of its node's 4 GPUs
+        assert task["gpus"] == str(task["task_on_node"]), task  # its own one of its node's 4 GPUs
     assert len({task["host_ip"] for task in tasks}) == 2, "each node has its own address"
 
 

@@ -114,3 +114,73 @@ def test_two_ranks_on_one_gpu_are_refused_with_the_fix(monkeypatch):
 
 def test_ranks_on_their_own_gpus_pass(monkeypatch):
     assert _ranks_post_their_gpus(monkeypatch, visible_gpus=2) == {}
+
+
+NODE_OF_4_GPUS = {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                  "MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
+
+
+def task_env(base: dict, task_on_node: int) -> dict:
+    """What the kit's task wrapper gives task k of its node (the torch.distributed variables as submitit exports them)."""
+    from dlokit.in_job import task
+
+    env = {**base, "RANK": str(4 + task_on_node), "LOCAL_RANK": str(task_on_node)}
+    env.update(task.own_gpus(env))
+    return env
+
+
+@pytest.mark.parametrize("k", range(4))
+def test_each_task_of_a_4_gpu_node_drives_its_own_gpu_as_cuda_0(k):
+    """deepspeed.initialize calls torch.cuda.set_device(int(os.environ["LOCAL_RANK"])): a task that sees one GPU
+    must read LOCAL_RANK 0 (k: "invalid device ordinal" from rank 1 on), and the kit still knows it is task k."""
+    env = task_env(NODE_OF_4_GPUS, k)
+    assert env["CUDA_VISIBLE_DEVICES"] == str(k)  # its own one of the node's 4
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "1")
+    seen = rank.detect(env)
+    assert (seen.local_rank, seen.local_world_size, seen.rank, seen.world_size) == (0, 1, 4 + k, 8)
+    assert (seen.task_on_node, seen.tasks_on_node) == (k, 4)
+
+
+def test_cpu_tasks_and_torchrun_keep_their_local_rank():
+    """No GPUs to slice (CPU ranks), or torchrun's processes that each see every GPU: LOCAL_RANK k is theirs."""
+    env = task_env({**NODE_OF_4_GPUS, "CUDA_VISIBLE_DEVICES": ""}, 2)
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4")
+    assert (rank.detect(env).task_on_node, rank.detect(env).tasks_on_node) == (2, 4)
+    torchrun = rank.detect({**NODE_OF_4_GPUS, "LOCAL_RANK": "2"})
+    assert (torchrun.local_rank, torchrun.task_on_node, torchrun.tasks_on_node) == (2, 2, 4)
+
+
+def test_a_task_is_pinned_to_its_gpus_cores_not_to_cuda_0s(monkeypatch):
+    """LOCAL_RANK is 0 in every task of a GPU job: the cores follow the task's place on its node."""
+    import os
+
+    from dlokit.in_job import jobenv, task
+
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: pinned.append(list(cores)))
+    env = task_env({**NODE_OF_4_GPUS, jobenv.DEVICES: "gpu0,gpu1,gpu2,gpu3", jobenv.CPUS_PER_TASK: "2"}, 1)
+    assert task._pin_to_own_cores(env) == 2 and pinned == [[2, 3]]
+
+
+def test_bench_pin_rank_pins_a_kit_task_by_its_place_on_the_node(monkeypatch):
+    """bench/pin_rank.py inside a kit GPU job: every task reads LOCAL_RANK 0, its cores follow DLOKIT_TASK_ON_NODE."""
+    import importlib.util
+    import os
+    import runpy
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("pin_rank", Path(__file__).parents[1] / "bench" / "pin_rank.py")
+    pin_rank = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pin_rank)
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: pinned.append(list(cores)))
+    monkeypatch.setattr(runpy, "run_path", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sys, "argv", ["pin_rank.py", "script.py"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for key, value in task_env({**NODE_OF_4_GPUS, "OMP_NUM_THREADS": "2"}, 3).items():
+        monkeypatch.setenv(key, value)
+    pin_rank.main()
+    assert pinned == [[6, 7]]

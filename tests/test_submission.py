@@ -245,9 +245,10 @@ def test_each_task_sees_only_its_own_gpu_and_its_share_of_cores(backend, monkeyp
     [outcome] = dlokit.wait(job_id, timeout_s=120)
     assert outcome.state == "COMPLETED", str(outcome)
     lines = json_lines(job_id, n_gpu)
-    assert sorted(line["local_rank"] for line in lines) == list(range(n_gpu))
-    gpus = [line["gpus"] for line in sorted(lines, key=lambda line: line["local_rank"])]
+    assert sorted(line["task_on_node"] for line in lines) == list(range(n_gpu))
+    gpus = [line["gpus"] for line in sorted(lines, key=lambda line: line["task_on_node"])]
     assert all(len(g.split(",")) == 1 for g in gpus) and len(set(gpus)) == n_gpu, gpus
+    assert [line["local_rank"] for line in lines] == [0] * n_gpu  # its one GPU is cuda:0, as set_device(LOCAL_RANK) reads
     assert [line["omp"] for line in lines] == [str(cpus)] * n_gpu
     if backend.backend == "local":
         assert gpus == ["0", "1"] and not set(lines[0]["cpus"]) & set(lines[1]["cpus"])

@@ -40,7 +40,8 @@ backward one block at a time is recomputed (`recomputed`, a transient).
 Sequence parallel divides the norms' share by tp too. Pipeline: GPipe keeps all m micro-batches
 in flight, 1F1B at most p; each micro-batch is batch/m sequences.
 On CUDA (`cuda=True`) AdamW's foreach step also allocates temporaries: one fp32 tensor per weight it updates
-(the square root of v), 4 bytes a weight of this rank's optimizer share (`optimizer_step`, a transient).
+(the square root of v), 4 bytes a weight of this rank's optimizer share (`optimizer_step`, a transient); not under
+FSDP2's CPU offload, whose shards step on the host.
 Not counted: other temporaries of the backward pass and of the optimizer step, allocator caching and
 fragmentation, the CUDA context (~0.5 GiB), communication buffers, the keys and values a context-
 parallel attention fetches from the other ranks. Measured peaks are therefore higher than this estimate.
@@ -187,7 +188,9 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     weights = params * w_bytes / (dp if zero >= 3 else 1)
     gradients = params * g_bytes / (dp if zero >= 2 and grad_accum == 1 else 1) + bucket * g_bytes
     optimizer_bytes = params * o_bytes / (dp if zero >= 1 else 1)
-    foreach = OPTIMIZER_STATE_BYTES[optimizer] > 0 and cuda  # foreach AdamW: sqrt(v) as a whole new fp32 list
+    offloaded = cpu_offload and zero >= 3
+    # foreach AdamW: sqrt(v) as a whole new fp32 list; offloaded shards step on the host, where AdamW loops instead
+    foreach = OPTIMIZER_STATE_BYTES[optimizer] > 0 and cuda and not offloaded
     step_temporaries = params * 4 / (dp if zero >= 1 else 1) if foreach else 0.0
 
     gathered = unsharded_grads = 0.0
@@ -211,7 +214,7 @@ def estimate(config, *, batch_size: int, seq_len: int, dp: int = 1, zero: int = 
     # blocks makes the pipeline figure an upper bound.
     activations = tokens * (blocks_elements * a_bytes + head * a_bytes + 4 * config.vocab_size)
     host = 0.0
-    if cpu_offload and zero >= 3:
+    if offloaded:
         host, weights, gradients, optimizer_bytes = weights + gradients + optimizer_bytes, 0.0, 0.0, 0.0
     return MemoryBreakdown(weights, gradients, optimizer_bytes, activations, gathered, unsharded_grads, recomputed,
                            step_temporaries, host)

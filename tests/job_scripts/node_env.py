@@ -8,7 +8,8 @@ from dlokit.in_job import rank
 
 env = rank.detect()
 print(json.dumps({"rank": env.rank, "local_rank": env.local_rank, "world_size": env.world_size,
-                  "local_world_size": env.local_world_size, "source": env.source,
+                  "local_world_size": env.local_world_size, "task_on_node": env.task_on_node,
+                  "tasks_on_node": env.tasks_on_node, "source": env.source,
                   "master_addr": env.master_addr, "master_ip": socket.gethostbyname(env.master_addr),
                   "hostname": socket.gethostname(), "host_ip": socket.gethostbyname(socket.gethostname()),
                   "node_id": int(os.environ["SLURM_NODEID"]), "slurm_node": os.environ.get("SLURMD_NODENAME"),

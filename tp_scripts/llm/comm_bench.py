@@ -115,7 +115,7 @@ def timed(run, group, device) -> tuple[float, float]:
     return own, own
 
 
-def matmul_peak(args, recorder, device, world: int) -> dict:
+def matmul_peak(args, recorder, device, ranks_on_node: int) -> dict:
     """This rank's best median FLOP/s over the sizes, every rank timing each size at once."""
     best = (0.0, None)
     for n in args.matmul_sizes:
@@ -131,8 +131,7 @@ def matmul_peak(args, recorder, device, world: int) -> dict:
     if device.type == "cuda":
         name, memory = torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory
     else:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
-        name, memory = "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local)
+        name, memory = "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, ranks_on_node)
     return {"peak_flops": best[0], "peak_n": best[1], "threads": torch.get_num_threads(), "device_name": name,
             "memory_bytes_per_rank": memory}
 
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
     recorder = RunRecorder({**vars(args), "world_size": world}, rank=rank, world_size=world, run_id=shared_run_id(),
                            runs_dir=args.runs_dir, script="comm_bench.py", device=device)
     if args.measure == "peak":
-        found = matmul_peak(args, recorder, device, world)
+        found = matmul_peak(args, recorder, device, env.tasks_on_node)
         recorder.finish(**found, device_type=device.type, dtype=args.dtype)
         if rank == 0:
             print(f"[comm_bench] rank 0: {found['peak_flops'] / 1e9:.1f} GFLOP/s ({args.dtype}, n = {found['peak_n']}, "

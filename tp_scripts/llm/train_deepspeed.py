@@ -36,13 +36,13 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepClock
+from dlokit.in_job.measure import StepClock, tf32_enabled
 from dlokit.in_job.peers import Peers, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
 from llm_kit.data import TokenBatches
 from llm_kit.memory_meter import DeepSpeedMemory
-from llm_kit.llm_options import parse_args as train_llm_options
+from llm_kit.llm_options import parse_args as train_llm_options, setup_device
 from llm_kit.meter import Meter
 from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
 from llm_kit.ranks_done import leave_on_error, ranks_done
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         print(f"train_deepspeed.py: error: --batch-size {args.batch_size} does not split over {env.world_size} ranks",
               file=sys.stderr, flush=True)
         return EXIT_BAD_OPTIONS
-    device = dlorank.init_process_group()
+    device = setup_device(args)  # train_llm.py's: the process group, --tf32
     torch.manual_seed(args.seed)  # before the model: train_llm.py's initial weights
     recorder = start_record(args, config, env, device)
     reason = cannot_run_here(device)
@@ -148,7 +148,7 @@ def start_record(args, config, env, device) -> RunRecorder:
     degrees = {"dp": env.world_size, "tp": 1, "pp": 1, "cp": 1}  # ZeRO over every rank; no model parallelism
     record = {**vars(args), **degrees, "world_size": env.world_size, "data_parallel": "deepspeed",
               "n_params": n_params, "flops_per_token": flops_per_token(config, args.seq_len), "model": config.__dict__,
-              "process_group_backend": dist.get_backend(),
+              "process_group_backend": dist.get_backend(), "tf32_applied": tf32_enabled(ops=("matmul",)),
               "ds_config": ds_config(args, env.world_size, n_params)}
     if env.is_main:
         print(f"[train_deepspeed] ZeRO-{args.zero_stage}{' + optimizer offload' if args.offload_optimizer else ''} "

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from dlokit.in_job import rank as dlorank
 from dlokit.in_job.jobenv import EXIT_BAD_OPTIONS
-from dlokit.in_job.measure import StepClock
+from dlokit.in_job.measure import StepClock, tf32_enabled
 from dlokit.in_job.peers import Peers, leave_now
 from dlokit.in_job.runrecord import RunRecorder, shared_run_id
 
@@ -52,7 +52,7 @@ from llm_kit.collectives import CollectiveLog
 from llm_kit.data import TokenBatches
 from llm_kit.device_memory import limit_memory
 from llm_kit.grad_norm import global_grad_norm
-from llm_kit.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend  # noqa: F401 (MODES: tests)
+from llm_kit.llm_options import MODES, ArgumentsError, parse_args, plan_degrees, process_group_backend, setup_device  # noqa: F401 (MODES, process_group_backend: tests)
 from llm_kit.memory_meter import MemoryMeter, bytes_once, parameters
 from llm_kit.meter import Meter
 from llm_kit.model import Llama, count_params, flops_per_token, get_config, loss_fn
@@ -80,9 +80,7 @@ def main(argv=None) -> int:
     except (ValueError, ArgumentsError) as error:
         print(f"train_llm.py: error: {error}", file=sys.stderr, flush=True)
         return EXIT_BAD_OPTIONS
-    device = dlorank.init_process_group(backend=process_group_backend(args, torch.cuda.is_available()))
-    if args.tf32:
-        torch.set_float32_matmul_precision("high")
+    device = setup_device(args)
     torch.manual_seed(args.seed)
     recorder = start_record(args, config, dims.degrees(), env, device)
 
@@ -106,7 +104,8 @@ def start_record(args, config, degrees, env, device) -> RunRecorder:
     n_params = count_params(config)
     config_record = {**vars(args), **degrees, "world_size": env.world_size, "n_params": n_params,
                      "flops_per_token": flops_per_token(config, args.seq_len), "model": config.__dict__,
-                     "process_group_backend": dist.get_backend() if dist.is_initialized() else None}
+                     "process_group_backend": dist.get_backend() if dist.is_initialized() else None,
+                     "tf32_applied": tf32_enabled(ops=("matmul",))}  # what this process computes with, not only asked
     if env.is_main:
         print(f"[train_llm] mode={args.mode} config={args.config} ({n_params / 1e6:.2f} M params) "
               f"degrees={degrees} run={run_id}", flush=True)

@@ -74,10 +74,6 @@ def _layout(run) -> str | None:
     return layout if layout in LAYOUTS else None
 
 
-def _on_gpu(run) -> bool:
-    return run.config.get("process_group_backend") == "nccl"  # the kit's process group: NCCL on GPUs, gloo on CPUs
-
-
 def _busiest_mib(run) -> float | None:
     """The busiest rank's tensors at their peak (llm_memory's reading of train_llm.py's memory_bytes), MiB."""
     measured = _measured(run)
@@ -92,7 +88,7 @@ def _modelled_mib(run) -> float | None:
                               dtype=config.get("dtype") or "fp32",
                               activation_checkpointing=bool(config.get("activation_checkpointing")),
                               grad_accum=int(config.get("grad_accum") or 1),
-                              cpu_offload=bool(config.get("cpu_offload")) and _on_gpu(run))
+                              cpu_offload=bool(config.get("cpu_offload")) and run.on_gpu, cuda=run.on_gpu)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
@@ -131,7 +127,7 @@ def scan_table(ddp_ids, fsdp_ids, runs_dir=None, levers=(), peak=None) -> pd.Dat
                          "measured_mb": _busiest_mib(run) if outcome == "fits" else None,
                          "modelled_mb": _modelled_mib(run),
                          "step_s": _last_step_s(run) if outcome == "fits" else None,
-                         **(_speed(run, peak) if outcome == "fits" else {}), "on_gpu": _on_gpu(run)})
+                         **(_speed(run, peak) if outcome == "fits" else {}), "on_gpu": run.on_gpu})
     columns = ["run_id", "layout", "batch", "batch_per_rank", "outcome", "limit_mb", "measured_mb", "modelled_mb",
                "step_s", "tokens_per_s", "mfu", "on_gpu"]
     table = pd.DataFrame(rows, columns=columns).sort_values(["layout", "batch"], kind="stable").reset_index(drop=True)

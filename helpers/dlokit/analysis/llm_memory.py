@@ -145,20 +145,20 @@ def model_config(scripts, name: str) -> dict:
 
 def layout_need_mb(config: dict, layout: str, *, ranks: int, batch_size: int, seq_len: int,
                    dtype: str = "fp32", activation_checkpointing: bool = False, grad_accum: int = 1,
-                   cpu_offload: bool = False) -> float:
+                   cpu_offload: bool = False, cuda: bool = False) -> float:
     """What one rank needs, from the memory model, in MiB: fp32 weights, AdamW, computing in `dtype` (train_llm.py's
     --dtype), `batch_size` sequences in all (global), under DDP ("ddp": its gradient buckets included, 4 bytes a
     weight, a copy of the gradients the all-reduce works on, which the per-rank model leaves out) or FSDP2 ("fsdp"),
     with the memory levers train_llm.py has: activation checkpointing, gradient accumulation (--grad-accum), FSDP2's
     CPU offload (give it only where the device is not the host: on a CPU the offloaded shards stay in the memory the
-    limit counts)."""
+    limit counts); cuda: on a GPU, with AdamW's foreach temporaries (memory_model.estimate's cuda)."""
     from dlokit.memory_model import estimate, params_on_rank
 
     zero = {"ddp": 0, "fsdp": 3}[layout]
     need = estimate(config, batch_size=max(1, batch_size // ranks), seq_len=seq_len, dp=ranks, zero=zero,
                     precision="fp32" if dtype == "fp32" else "bf16-amp", optimizer="adamw",
                     activation_checkpointing=activation_checkpointing, grad_accum=grad_accum,
-                    cpu_offload=cpu_offload).total / MIB
+                    cpu_offload=cpu_offload, cuda=cuda).total / MIB
     return need + (4 * params_on_rank(config) / MIB if layout == "ddp" else 0.0)
 
 
@@ -225,7 +225,7 @@ def offload_table(runs, runs_dir=None) -> pd.DataFrame:
         found = [(r.get("summary") or {}).get("memory_bytes") or {} for r in run.ranks.values()]
         found = [m for m in found if m.get("optimizer") is not None]
         busiest = max(found, key=lambda m: m["optimizer"]) if found else {}
-        gpus = run.config.get("process_group_backend") == "nccl"  # the kit's process group: NCCL on GPUs, gloo on CPUs
+        gpus = run.on_gpu
         offload = bool(run.config.get("offload_optimizer"))
         note = ("" if not offload else "not applicable here: the model trains on the CPU, its optimizer states are on the "
                 "host already (nothing to move)" if not gpus else "the states and their step on the host")

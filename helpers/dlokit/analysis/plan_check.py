@@ -28,10 +28,6 @@ COLUMNS = ["layout", "run_id", "state", "predicted_rank", "memory_predicted_mib"
            "step_ratio_low", "step_ratio_high"]
 
 
-def _on_gpu(run) -> bool:
-    return run.config.get("process_group_backend") == "nccl"
-
-
 def by_layout(chosen: pd.DataFrame, runs: list) -> list[list]:
     """The runs (loaded, in submission order) of each chosen layout, in the planner's order: the jobs were submitted in
     rounds (day.layout_runs with `repeats`), job i ran layout i % len(chosen). Empty when they are not whole rounds."""
@@ -66,7 +62,7 @@ def predicted_vs_measured(chosen: pd.DataFrame, job_ids, runs_dir=None) -> pd.Da
         run = runs[0]
         measured = _measured(run)
         try:
-            modelled = memory_model.estimate_for_run(run.config, cuda=_on_gpu(run)).total / MIB
+            modelled = memory_model.estimate_for_run(run.config, cuda=run.on_gpu).total / MIB
         except (KeyError, TypeError, ValueError):
             modelled = math.nan
         held = sum(measured.values()) / MIB if measured else math.nan

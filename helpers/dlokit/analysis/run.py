@@ -63,6 +63,21 @@ class Run:
             return max(1, len(self.ranks))
 
     @property
+    def device_type(self) -> str:
+        """'cuda' or 'cpu': the device the run was meant to compute on: the script's resolved device or the one it was
+        told (--device), else whether its process saw a GPU. Never its process group's backend: an FSDP2 job that
+        offloads to the host joins "cpu:gloo,cuda:nccl" on GPUs."""
+        for told in (self.config.get("device_type"), self.summary.get("device_type"), self.config.get("device")):
+            kind = str(told or "").split(":")[0]
+            if kind in ("cpu", "cuda"):
+                return kind
+        return "cuda" if (self.info.get("hardware") or {}).get("gpu_count") else "cpu"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
     def unreadable(self) -> str | None:
         """'rank<k>/<file>: <why>' of the first record file that could not be used at all, else None."""
         return next((r["unreadable"] for _, r in sorted(self.ranks.items()) if r.get("unreadable")), None)
@@ -251,7 +266,7 @@ def load_runs(run_ids=None, runs_dir=None, metrics: bool = True) -> list[Run]:
 
 def ran_on_gpu(run_id_or_path, runs_dir=None) -> bool:
     """Did this run have a GPU (its record's hardware)? What decides a day's GPU-only comparisons."""
-    return bool((load_run(run_id_or_path, runs_dir).info.get("hardware") or {}).get("gpu_count"))
+    return load_run(run_id_or_path, runs_dir).on_gpu
 
 
 def arm_jobs(arms: dict, without=()) -> list:

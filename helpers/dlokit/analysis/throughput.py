@@ -65,13 +65,9 @@ def estimate_of_samples_at(lines: pd.DataFrame, n) -> Estimate:
     return estimate_of_samples([pd.to_numeric(rows["flops_per_s"]).to_numpy()])
 
 
-def _on_gpu(run) -> bool:
-    return run.config.get("process_group_backend") == "nccl" or bool((run.info.get("hardware") or {}).get("gpu_count"))
-
-
 def run_peak(run, peak: Peak | None) -> tuple[float | None, str]:
     """(FLOP/s of the run's devices, why): the run's datasheet peak on a GPU, `peak` (measured) on a CPU."""
-    if _on_gpu(run):
+    if run.on_gpu:
         per_device = run.summary.get("peak_flops")
         return ((per_device * run.world_size, run.summary.get("mfu_basis") or "datasheet") if per_device
                 else (None, run.summary.get("mfu_basis") or "no datasheet peak"))

@@ -13,8 +13,7 @@ from dlokit.analysis.profiler import profiler_steps, read_trace, span_names, tra
 from dlokit.analysis.table import as_number
 
 from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed, same_computation
-from .records import (arms_by, compare_text, device_type, effect_part, hardware_words, load_completed,
-                      memory_key, observed, on_gpu)
+from .records import arms_by, compare_text, effect_part, hardware_words, load_completed, memory_key, observed
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -46,7 +45,7 @@ def on_device(job_ids):
     details, failures, unknown = [], [], []
     for run in runs:
         seen = observed(run)
-        batch, weights, wanted = str(seen.get("device")), str(seen.get("model_device")), device_type(run)
+        batch, weights, wanted = str(seen.get("device")), str(seen.get("model_device")), run.device_type
         moved = {what: seen.get(f"{what}_to_device") for what in ("model", "batch")}
         memory = run.summary.get("gpu_mem_peak_mb") or run.summary.get("host_rss_peak_mb")
         where = "GPU" if run.summary.get("gpu_mem_peak_mb") is not None else "host"
@@ -68,7 +67,7 @@ def on_device(job_ids):
             unknown.append(run.run_id)
     if failures:
         return failed(failures[0], failures[1:] + details)
-    if any(on_gpu(r) for r in runs):
+    if any(r.on_gpu for r in runs):
         return passed("weights and batches were on the GPU", details)
     if unknown:
         return not_applicable(f"run(s) {', '.join(unknown)} computed on the CPU, the only device here: weights and "
@@ -113,7 +112,7 @@ def amp(baseline_ids, amp_ids):
         "code", PASSED, f"the forward pass and the loss ran under autocast ({', '.join(dtypes)})"
         + (", float16 with a GradScaler" if "float16" in dtypes else ""))
     effect = same_computation("speed", "amp", bases, arms_by(runs, "amp")) or effect_part(
-        "speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(on_gpu(r) for r in runs),
+        "speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(r.on_gpu for r in runs),
         what="{label} against fp32", gpu_failure="the dtype is right but the step did not get faster "
         "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
     return from_parts([code, effect], "16-bit compute observed" + (
@@ -152,7 +151,7 @@ def tf32(baseline_ids, tf32_ids):
         return problem
     details = [f"run {r.run_id} ({hardware_words(r)}): TF32 allowed {observed(r).get('tf32')}; "
                f"{compare_text('compute throughput', r, base, 'throughput_compute', 'img/s')}" for r in runs]
-    gpu_runs = [r for r in runs if on_gpu(r)]
+    gpu_runs = [r for r in runs if r.on_gpu]
     if not gpu_runs:
         return not_applicable("TF32 is a tensor-core format of NVIDIA GPUs (Ampere and later); a CPU computes fp32 "
                               "in fp32 whatever the flag says", details)
@@ -193,7 +192,7 @@ def channels_last(job_ids, baseline_id=None):
     code = part("code", FAILED, problems[0]) if problems else part(
         "code", PASSED, "weights and images were in channels_last (NHWC) layout")
     effect = same_computation("speed", "channels_last", bases, {"channels_last": runs}) or effect_part(
-        "speed", "channels_last", bases, {"channels_last": runs}, on_gpu_run=any(on_gpu(r) for r in runs),
+        "speed", "channels_last", bases, {"channels_last": runs}, on_gpu_run=any(r.on_gpu for r in runs),
         what="channels_last against NCHW")
     return from_parts([code, effect], "weights and images were in channels_last (NHWC) layout", details)
 

@@ -6,7 +6,7 @@ import math
 
 from .framework import (CHECKS, FAILED, NOT_APPLICABLE, NOT_APPLICABLE_PREFIX, PASSED, CheckResult, check, failed,
                         from_parts, not_applicable, part, passed, same_computation, show)
-from .records import (compare_text, effect_part, hardware_words, ids, load, load_completed, observed, on_gpu,
+from .records import (compare_text, effect_part, hardware_words, ids, load, load_completed, observed,
                       why_not_finished)
 
 BATCH_AUGMENTATIONS = ("mixup", "cutmix")  # --augment values that run on the device, per batch
@@ -27,7 +27,7 @@ def dataloader(baseline_ids, tuned_ids):
     if problem:
         return problem
     run, base = runs[-1], bases[0]
-    seen, config, gpu = observed(run), run.config, on_gpu(run)
+    seen, config, gpu = observed(run), run.config, run.on_gpu
     details = [f"run {run.run_id}: workers {seen.get('loader_num_workers')}, pin_memory {seen.get('loader_pin_memory')}"
                f" (batch pinned: {seen.get('batch_pinned')}), prefetch {seen.get('loader_prefetch_factor')}, "
                f"persistent {seen.get('loader_persistent_workers')}, non_blocking {seen.get('non_blocking')}",
@@ -113,10 +113,10 @@ def sync_bn(job_ids):
         return problem
     details = [f"run {r.run_id} ({hardware_words(r)}): --sync-bn {r.config.get('sync_bn')}, SyncBatchNorm layers "
                f"{observed(r).get('sync_bn')}, {r.world_size} processes" for r in runs]
-    judged = [r for r in runs if on_gpu(r) and r.world_size > 1]
+    judged = [r for r in runs if r.on_gpu and r.world_size > 1]
     if not judged:
         why = ("SyncBatchNorm exchanges batch statistics between GPUs; PyTorch refuses it on CPU tensors, so a "
-               "CPU-only run keeps plain BatchNorm" if not any(on_gpu(r) for r in runs) else
+               "CPU-only run keeps plain BatchNorm" if not any(r.on_gpu for r in runs) else
                "every run had a single process: there is no other rank to synchronise with")
         return not_applicable(why, details)
     bad = [r.run_id for r in judged if r.config.get("sync_bn") and not observed(r).get("sync_bn")]
@@ -217,7 +217,7 @@ def augmentation(job_ids, baseline_id=None):
     per_image = [r for r in runs if "randaugment" in _asked_augmentations(r)] or bases
     arms = {a: [r for r in runs if a in _asked_augmentations(r)] for a in BATCH_AUGMENTATIONS}
     speed = effect_part("speed", "augment_on_device", per_image, {a: rs for a, rs in arms.items() if rs},
-                        on_gpu_run=any(on_gpu(r) for r in runs),
+                        on_gpu_run=any(r.on_gpu for r in runs),
                         what="{label} against " + ("RandAugment" if per_image is not bases else "no augmentation"))
     return from_parts([code, speed], "each run did the augmentation it asked for; mixup/cutmix mixed whole batches "
                       "on the training device", details)

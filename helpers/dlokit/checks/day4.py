@@ -552,8 +552,6 @@ def accelerate_zero(stage_ids):
     import json
     import os
 
-    from dlokit.analysis.run import ran_on_gpu
-
     runs, problem = _completed(list(stage_ids.values()) if isinstance(stage_ids, dict) else stage_ids)
     if problem:
         return problem
@@ -572,7 +570,7 @@ def accelerate_zero(stage_ids):
     except importlib.metadata.PackageNotFoundError:
         version = None
     missing = "accelerate is not installed here (not a dependency of the kit)"
-    if not any(ran_on_gpu(run) for run in runs):
+    if not any(run.on_gpu for run in runs):
         return not_applicable(f"TP4.8's runs had no GPU, and on a CPU accelerate ({ACCELERATE_TRIED} tried) runs "
                               "plain DDP: its DeepSpeed and FSDP plugins shard only on GPUs"
                               + (f"; and {missing}" if version is None else ""), details)

@@ -106,22 +106,9 @@ def observed(run) -> dict:
     return run.info.get("observed") or run.summary.get("observed") or {}
 
 
-def device_type(run) -> str:
-    """'cuda' or 'cpu': the device the run was meant to compute on (the script's resolved device)."""
-    wanted = run.config.get("device_type")
-    if wanted:
-        return str(wanted)
-    hardware = run.info.get("hardware") or {}
-    return "cuda" if hardware.get("gpu_count") and run.config.get("device", "auto") != "cpu" else "cpu"
-
-
-def on_gpu(run) -> bool:
-    return device_type(run) == "cuda"
-
-
 def hardware_words(run) -> str:
     hardware = run.info.get("hardware") or {}
-    if on_gpu(run):
+    if run.on_gpu:
         return hardware.get("gpu_name") or "a GPU"
     cores = hardware.get("cpu_count")
     return f"a CPU-only run ({cores} cores)" if cores else "a CPU-only run"

@@ -25,6 +25,11 @@ JOB_NAME = "DLOKIT_JOB_NAME"        # the job name given in the cell (the studen
 TAG = "DLOKIT_TAG"                  # what the job is for, e.g. "TP1.2" or "race" (the class report groups by it)
 CPUS_PER_TASK = "DLOKIT_CPUS_PER_TASK"  # cores this task may use (its device's share)
 
+# written by the task wrapper (in_job.task): the task's place on its node, which LOCAL_RANK / LOCAL_WORLD_SIZE no
+# longer say once the task sees only its own GPU (they then count the GPUs it sees: 0 of 1)
+TASK_ON_NODE = "DLOKIT_TASK_ON_NODE"    # this task's index among its node's tasks
+TASKS_ON_NODE = "DLOKIT_TASKS_ON_NODE"  # how many tasks its node runs
+
 # written by the local backend's device launcher (dlokit.submission.devices)
 DEVICES = "DLOKIT_DEVICES"          # the devices this job holds: "cpu0,cpu1" (cores) or "gpu0,gpu1"
 SHARED = "DLOKIT_SHARED"            # "1": the job measures accuracy, not speed, and shares the machine (alone=False)

@@ -28,9 +28,11 @@ from . import jobenv
 @dataclass(frozen=True)
 class DistEnv:
     rank: int
-    local_rank: int
+    local_rank: int  # LOCAL_RANK: this rank's GPU among those it sees (0 in a kit task, which sees only its own)
     world_size: int
     local_world_size: int
+    task_on_node: int  # this rank's index among its node's tasks
+    tasks_on_node: int
     master_addr: str
     master_port: int
     source: str  # "torchrun", "slurm" or "single"
@@ -106,7 +108,7 @@ def _cpus_per_task(env) -> int:
         return int(env["SLURM_CPUS_PER_TASK"])
     if jobenv.cpus_per_task(env):
         return jobenv.cpus_per_task(env)
-    return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, (os.cpu_count() or 1) // int(env.get(jobenv.TASKS_ON_NODE) or env.get("LOCAL_WORLD_SIZE") or 1))
 
 
 def detect(env=None) -> DistEnv:
@@ -116,11 +118,14 @@ def detect(env=None) -> DistEnv:
 
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
+        local_rank, local_world = int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", world))
         return DistEnv(
             rank=int(env["RANK"]),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_rank=local_rank,
             world_size=world,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+            local_world_size=local_world,
+            task_on_node=int(env.get(jobenv.TASK_ON_NODE) or local_rank),  # the kit's task wrapper's, or torchrun's
+            tasks_on_node=int(env.get(jobenv.TASKS_ON_NODE) or local_world),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", "29500")),
             source="torchrun",
@@ -133,11 +138,15 @@ def detect(env=None) -> DistEnv:
         world = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1"))
         hosts = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"]
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "1")
+        local_rank = int(env.get("SLURM_LOCALID", "0"))
+        local_world = tasks_on_node(tasks_per_node, int(env.get("SLURM_NODEID") or 0))
         return DistEnv(
             rank=int(env["SLURM_PROCID"]),
-            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            local_rank=local_rank,
             world_size=world,
-            local_world_size=tasks_on_node(tasks_per_node, int(env.get("SLURM_NODEID") or 0)),
+            local_world_size=local_world,
+            task_on_node=local_rank,
+            tasks_on_node=local_world,
             master_addr=hosts[0],
             master_port=int(env.get("MASTER_PORT") or port_from_job_id(env.get("SLURM_JOB_ID"))),
             source="slurm",
@@ -147,7 +156,7 @@ def detect(env=None) -> DistEnv:
         )
 
     return DistEnv(
-        rank=0, local_rank=0, world_size=1, local_world_size=1,
+        rank=0, local_rank=0, world_size=1, local_world_size=1, task_on_node=0, tasks_on_node=1,
         master_addr="127.0.0.1", master_port=29500, source="single",
         cpus_per_task=_cpus_per_task(env), job_id=job_id, hostnames=(socket.gethostname(),),
     )
@@ -234,7 +243,7 @@ def check_own_gpus(store, env: DistEnv, device) -> None:
         gpu, ranks = next(iter(shared.items()))
         raise RuntimeError(
             f"ranks {ranks} would all drive one GPU ({gpu}): NCCL needs one GPU per rank, and this process sees "
-            f"{torch.cuda.device_count()} for {env.local_world_size} ranks on its node. Give each rank its own GPU "
+            f"{torch.cuda.device_count()} for {env.tasks_on_node} ranks on its node. Give each rank its own GPU "
             "(CUDA_VISIBLE_DEVICES listing as many GPUs as ranks per node, or the kit's jobs, which hand each task "
             "its own), start fewer ranks (--nproc_per_node at most the GPUs), or run the ranks as CPU processes "
             "with gloo (CUDA_VISIBLE_DEVICES= , empty)")

@@ -35,7 +35,7 @@ class ScriptTask:
         # (a local job's launcher has set one it found free)
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         env = {**os.environ, jobenv.RUN_ID: job.job_id, **self.env}
-        _own_gpus(env)
+        env.update(own_gpus(env))
         cpus = _pin_to_own_cores(env) or jobenv.cpus_per_task(env)
         if cpus and "OMP_NUM_THREADS" not in self.env:  # the task's CPUs, not the node's
             env["OMP_NUM_THREADS"] = str(cpus)
@@ -69,15 +69,20 @@ class ScriptTask:
             _write_usage(job, limit_mb, returncode, stopped)
 
 
-def _own_gpus(env: dict) -> None:
-    """Each task of a multi-task job sees only its own GPU(s): CUDA_VISIBLE_DEVICES (the job's GPUs, set
-    by Slurm or by the local launcher) is sliced by local rank, so rank k's cuda:0 is the job's k-th GPU."""
+def own_gpus(env) -> dict:
+    """The variables that give task k of the N on a node its own GPU(s): the node's CUDA_VISIBLE_DEVICES (set by
+    Slurm or by the local launcher) sliced by k, so its GPU is cuda:0, and LOCAL_RANK / LOCAL_WORLD_SIZE counted
+    over the GPUs it sees (0 of 1): DeepSpeed and idr_torch-style scripts call torch.cuda.set_device(LOCAL_RANK).
+    k and N stay readable as jobenv.TASK_ON_NODE / TASKS_ON_NODE (its cores, its share of the node)."""
     visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     tasks = int(env.get("LOCAL_WORLD_SIZE") or 1)
-    rank = int(env.get("LOCAL_RANK") or 0)
+    task = int(env.get("LOCAL_RANK") or 0)
+    own = {jobenv.TASK_ON_NODE: str(task), jobenv.TASKS_ON_NODE: str(tasks)}
     if tasks > 1 and len(visible) >= tasks and len(visible) % tasks == 0:
         per_task = len(visible) // tasks
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * per_task:(rank + 1) * per_task])
+        own.update({"CUDA_VISIBLE_DEVICES": ",".join(visible[task * per_task:(task + 1) * per_task]),
+                    "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    return own
 
 
 def children_of(pid: int) -> list[int]:
@@ -135,9 +140,9 @@ def _pin_to_own_cores(env: dict) -> int | None:
     if not held or not cpus or not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
-    local_rank = int(env.get("LOCAL_RANK", "0"))
+    task = int(env.get(jobenv.TASK_ON_NODE) or 0)
     ids = [d[3:] for d in held if d[:3] in ("gpu", "cpu")]
-    slot = int(ids[local_rank]) if local_rank < len(ids) and ids[local_rank].isdigit() else local_rank
+    slot = int(ids[task]) if task < len(ids) and ids[task].isdigit() else task
     mine = cores[slot * cpus:(slot + 1) * cpus] or cores[-cpus:]
     os.sched_setaffinity(0, mine)
     return len(mine)

@@ -1,5 +1,6 @@
-"""Every option of train_llm.py, and the check of a combination against the world size and the model
-before any process group starts (ArgumentsError: the script says why and exits with code 2)."""
+"""Every option of train_llm.py, the check of a combination against the world size and the model before any process
+group starts (ArgumentsError: the script says why and exits with code 2), and what the options ask of the process
+(its process group, --tf32), the same in train_llm.py and train_deepspeed.py."""
 from __future__ import annotations
 
 import argparse
@@ -121,6 +122,19 @@ def plan_degrees(args, config, world: int) -> ParallelDims:
         raise ArgumentsError(f"--resume: no checkpoint in {args.checkpoint_dir} (no .metadata file): check the folder, "
                              "or leave --resume out to start from step 0")
     return dims
+
+
+def setup_device(args):
+    """Join the job's process group (dlokit's rank bootstrap, with process_group_backend's backend) and set --tf32's
+    maths flags (common.device_setup.set_tf32, the classifier's); returns this rank's device."""
+    import torch
+
+    from common.device_setup import set_tf32
+    from dlokit.in_job import rank
+
+    device = rank.init_process_group(backend=process_group_backend(args, torch.cuda.is_available()))
+    set_tf32(args.tf32)
+    return device
 
 
 def process_group_backend(args, cuda: bool) -> str | None:
