@@ -26,6 +26,7 @@ from ..in_job import jobenv, shared_folders
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, cluster_limits, plan,
                       setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
+from ..script_modules import script_digests
 from ..in_job.task import ScriptTask
 
 class DeviceLockedLocalExecutor(submitit.LocalExecutor):
@@ -155,6 +156,7 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                 time_seconds=member_layout.time_seconds, runs_dir=str(profile.runs),
                                 submitted_at=time.time(), expected=jobs.expected_ends(member.expected),
                                 extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or ""),
+                                       "script_sha256": script_digests(member.script),
                                        **({"tag": member.env[jobenv.TAG]} if member.env.get(jobenv.TAG) else {})})
             card.save()
             jobs.remember(card, job)
