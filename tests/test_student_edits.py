@@ -1,8 +1,12 @@
-"""A student's edit between two runs of a cell: a changed file is submitted again (not reused by its command line)."""
+"""A student's edit between two runs of a cell: a changed file is submitted again (not reused by its command line),
+and a syntax error is refused before anything is submitted."""
 from __future__ import annotations
+
+import pytest
 
 import dlokit
 from dlokit.submission import jobs
+from dlokit.submission.submit import ScriptSyntaxError
 
 SCRIPT = "import optim_setup\nprint('records in runs/here')\noptim_setup.build()\n"
 
@@ -29,3 +33,16 @@ def test_a_changed_student_file_is_submitted_again_and_an_unchanged_one_is_reuse
     assert second != first
     assert f"your optim_setup.py changed since job {first}: submitted again" in capsys.readouterr().out
     assert [o.state for o in dlokit.wait([first, second], timeout_s=120)] == ["COMPLETED"] * 2
+
+
+def test_a_syntax_error_is_refused_before_submission_with_its_file_line_and_caret(workspace):
+    script = student_files(workspace, "def build():\n    return (0.1\n")
+    dlokit.use_profile("local")
+    with pytest.raises(ScriptSyntaxError) as refused:
+        dlokit.gpu_jobs_submitter(str(script), name="zoe", verbose=False)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "optim_setup.py does not compile: nothing was submitted"
+    assert lines[1] == f'  File "{script.parent / "optim_setup.py"}", line 2'
+    assert lines[2:4] == ["    return (0.1", "           ^"] and lines[-1].startswith("SyntaxError: ")
+    assert refused.value._render_traceback_() == lines  # what a notebook shows: these lines, no traceback
+    assert not list(workspace.glob("jobs/**/*_job.json"))

@@ -16,6 +16,7 @@ import secrets
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import submitit
@@ -26,7 +27,7 @@ from ..in_job import jobenv, shared_folders
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, cluster_limits, plan,
                       setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
-from ..script_modules import script_digests
+from ..script_modules import script_digests, script_files
 from ..in_job.task import ScriptTask
 
 class DeviceLockedLocalExecutor(submitit.LocalExecutor):
@@ -213,13 +214,28 @@ def _check_module_system(specs: list[JobSpec], profile: Profile, verbose: bool) 
                            "or submit from the cluster's login node")
 
 
+class ScriptSyntaxError(JobSpecError):
+    """A file a job would run does not compile: nothing was submitted. A notebook shows its message alone, as Python
+    shows a syntax error (file, line, the caret), not the kit's frames above it."""
+
+    def _render_traceback_(self):  # IPython's hook: these lines in place of the traceback
+        return str(self).splitlines()
+
+
 def _check_scripts(specs: list[JobSpec]) -> None:
-    """Every backend runs the script from the notebook's folder: it must be there now."""
+    """Every backend runs the script from the notebook's folder: it must be there now, and it and the modules of its
+    folder it imports (the student's files) must compile: a syntax error is said now, not by a failed job."""
     for spec in specs:
         path = Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script
         if not path.is_file():
             raise JobSpecError(f"script {spec.script!r} not found (looked for {path}); "
                                "check the path relative to the notebook's folder")
+        for file in script_files(path):
+            try:
+                compile(file.read_bytes(), str(file), "exec")
+            except SyntaxError as error:
+                raise ScriptSyntaxError(f"{file.name} does not compile: nothing was submitted\n"
+                                        + "".join(traceback.format_exception_only(error)).rstrip()) from None
 
 
 def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile: Profile, verbose: bool) -> None:
