@@ -1,11 +1,15 @@
 """A student's edit between two runs of a cell: a changed file is submitted again (not reused by its command line),
-and a syntax error is refused before anything is submitted."""
+a syntax error is refused before anything is submitted, and a failed job names the student's file and line in the
+queue, the TP's next cell and the check."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 import dlokit
-from dlokit.submission import jobs
+from dlokit.analysis import load_run, profiler
+from dlokit.checks.records import why_not_finished
+from dlokit.submission import jobs, queue
 from dlokit.submission.submit import ScriptSyntaxError
 
 SCRIPT = "import optim_setup\nprint('records in runs/here')\noptim_setup.build()\n"
@@ -46,3 +50,21 @@ def test_a_syntax_error_is_refused_before_submission_with_its_file_line_and_care
     assert lines[2:4] == ["    return (0.1", "           ^"] and lines[-1].startswith("SyntaxError: ")
     assert refused.value._render_traceback_() == lines  # what a notebook shows: these lines, no traceback
     assert not list(workspace.glob("jobs/**/*_job.json"))
+
+
+def test_a_failed_job_names_the_students_file_and_line_in_the_queue_the_next_cell_and_the_check(workspace, capsys):
+    script = student_files(workspace, "import math\n\n\ndef build():\n    return trace_dri + 1\n")
+    dlokit.use_profile("local")
+    [job] = dlokit.gpu_jobs_submitter(str(script), name="zoe", verbose=False)
+    [outcome] = dlokit.wait([job], timeout_s=120)
+    said = "NameError: name 'trace_dri' is not defined (optim_setup.py, line 5)"
+    assert outcome.state == "FAILED" and outcome.error == said
+
+    row = queue._ended_row(jobs.find_card(job))
+    page = queue._table_html(pd.DataFrame([row], columns=queue.COLUMNS), "zoe")
+    assert said.replace("'", "&#x27;") in page and "records in" not in page
+
+    profiler.breakdowns_of([job], ["batch 16"])  # TP1.4's next cell
+    printed = capsys.readouterr().out
+    assert f"batch 16 (job {job}): failed: {said}" in printed and "complete the TODO" not in printed
+    assert said in why_not_finished(job, load_run(job))  # the check's sentence
