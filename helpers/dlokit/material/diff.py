@@ -44,7 +44,8 @@ def student_lines(path: Path) -> list[tuple[int, str]]:
         return list(enumerate(_notebook_text(path, solution=False).splitlines(), 1))
     lines = path.read_text(encoding="utf-8").splitlines()
     header = header_span(lines)
-    return [(number, line) for number, line in enumerate(lines, 1) if number - 1 not in header and GENERATED not in line]
+    return [(number, line) for number, line in enumerate(lines, 1)
+            if number - 1 not in header and GENERATED not in line]
 
 
 def labelled_solution(path: Path) -> list[tuple[str | None, str]]:

@@ -147,6 +147,7 @@ def solution_lines(text: str, source: str = "<text>") -> list[tuple[str | None, 
     lines = text.splitlines()
     output, position = [], 0
     for block in parse_blocks(lines, source):
-        output += [(None, line) for line in lines[position:block.start]] + [(block.label, line) for line in block.solution]
+        output += [(None, line) for line in lines[position:block.start]]
+        output += [(block.label, line) for line in block.solution]
         position = block.end + 1
     return output + [(None, line) for line in lines[position:]]
