@@ -108,11 +108,10 @@ class Day:
         jobs = pairs(commands, n_gpu)
         meant = dict(zip(jobs, expected_per_job(commands, n_gpu, expected)))
         if reuse:
-            kept = [job for job in dict.fromkeys(jobs) if self.reusable(job)]
-            new = [job for job in dict.fromkeys(jobs) if job not in kept]
-            if kept:
-                print("run already on these files, not submitted again: " + ", ".join(f"job {self.ran[job]}"
-                                                                                     for job in kept))
+            changed = {job: changed_scripts(self.ran[job], shlex.split(job[0])[0])
+                       for job in dict.fromkeys(jobs) if job in self.ran}
+            new = [job for job in dict.fromkeys(jobs) if job not in changed or changed[job]]
+            self.say_reused(changed)
         else:
             new = jobs
         ids = gpu_jobs_submitter(new, name=self.nickname, time_max=self.time_max, wait=wait, refresh_s=self.refresh_s,
@@ -121,15 +120,16 @@ class Day:
         self.ran.update(zip(new, ids))
         return [self.ran[job] for job in jobs] if reuse else ids
 
-    def reusable(self, job: tuple[str, int]) -> bool:
-        """Did this day run `job` (command, GPU count) already, on the script files it would run now? A file that
-        changed since is said ("your train_classifier.py changed since job 1234: submitted again")."""
-        if job not in self.ran:
-            return False
-        changed = changed_scripts(self.ran[job], shlex.split(job[0])[0])
-        if changed:
-            print(f"your {', '.join(changed)} changed since job {self.ran[job]}: submitted again")
-        return not changed
+    def say_reused(self, changed: dict) -> None:
+        """What submit(reuse=True) did with the jobs this day ran already ({job: the files changed since}): those
+        run again because a file changed ("your train_classifier.py changed since job 1234: submitted again"), the
+        others reused."""
+        by_files = {}
+        for job, files in changed.items():
+            by_files.setdefault(tuple(files), []).append(f"job {self.ran[job]}")
+        for files, ran in by_files.items():
+            print(f"your {', '.join(files)} changed since {', '.join(ran)}: submitted again" if files else
+                  f"run already on these files, not submitted again: {', '.join(ran)}")
 
     def submit_until_decided(self, commands, decided, *, rounds: int, max_rounds: int, n_gpu=1, tp: str | None = None,
                              **options) -> list[str]:
