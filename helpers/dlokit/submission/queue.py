@@ -305,10 +305,11 @@ def _ended_row(card: jobs.JobCard) -> dict | None:
         return None
     if not outcome.finished:
         return None
+    failure = "" if outcome.expected else outcome.error  # a failure by design reads "failed as expected" instead
     return dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed,
-                time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason=outcome.error,
-                last_log_line=jobs.script_line(card) if card.log_path().exists() and not outcome.error else "",
-                reason_detail=outcome.cause if outcome.error else "", expected=outcome.expected)
+                time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason=failure,
+                last_log_line=jobs.script_line(card) if card.log_path().exists() and not failure else "",
+                reason_detail=outcome.cause if failure else "", expected=outcome.expected)
 
 
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:
