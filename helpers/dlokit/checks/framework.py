@@ -285,7 +285,8 @@ def what_next(board) -> str:
 
 
 def student_todos(tps) -> list[tuple[str, str]]:
-    """(student file, as a notebook beside tp_scripts/ names it, TP) for each of these TPs whose `TODO <tp>` it holds."""
+    """(student file, as a notebook beside tp_scripts/ names it, TP) for each TP of `tps` whose `TODO <tp>` the
+    file holds."""
     from dlokit.material.markers import todo_pattern
 
     root = Path("..") / "tp_scripts"
