@@ -225,17 +225,18 @@ class ScriptSyntaxError(JobSpecError):
 def _check_scripts(specs: list[JobSpec]) -> None:
     """Every backend runs the script from the notebook's folder: it must be there now, and it and the modules of its
     folder it imports (the student's files) must compile: a syntax error is said now, not by a failed job."""
-    for spec in specs:
-        path = Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script
+    paths = [Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script for spec in specs]
+    for spec, path in zip(specs, paths):
         if not path.is_file():
             raise JobSpecError(f"script {spec.script!r} not found (looked for {path}); "
                                "check the path relative to the notebook's folder")
-        for file in script_files(path):
-            try:
-                compile(file.read_bytes(), str(file), "exec")
-            except SyntaxError as error:
-                raise ScriptSyntaxError(f"{file.name} does not compile: nothing was submitted\n"
-                                        + "".join(traceback.format_exception_only(error)).rstrip()) from None
+    files = dict.fromkeys(file for path in dict.fromkeys(paths) for file in script_files(path))  # a sweep's: once
+    for file in files:
+        try:
+            compile(file.read_bytes(), str(file), "exec")
+        except SyntaxError as error:
+            raise ScriptSyntaxError(f"{file.name} does not compile: nothing was submitted\n"
+                                    + "".join(traceback.format_exception_only(error)).rstrip()) from None
 
 
 def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile: Profile, verbose: bool) -> None:
