@@ -220,6 +220,6 @@ def test_the_scoreboard_shows_whole_messages_and_what_next_after_a_failure(tmp_p
     shown = board._repr_html_()
     assert message in shown and "TODO TP1.2 in your script" in repr(board)
     assert 'What next: 1 check(s) ❌ (TP1.2 mixed precision)' in repr(board)
-    assert 'dlokit.material.compare("../tp_scripts/train.py")' in repr(board)
+    assert 'dlokit.material.compare("../tp_scripts/train.py", tp="TP1.2")' in repr(board)
     framework.RESULTS[0] = CheckResult("TP1.2 mixed precision", True, "bfloat16 logits")
     assert "What next" not in repr(checks.scoreboard())

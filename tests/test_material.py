@@ -1,8 +1,10 @@
 """Student material generated from marked solution files: markers, build, check, compare."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -262,11 +264,35 @@ def test_compare_finds_solution_and_shows_what_is_left(course):
     diff = compare(out / "lib" / "marked.py")  # a finished TODO: only its comment line differs
     assert "-# TODO TP0: pick a value" in diff and "+VALUE" not in diff and "-VALUE" not in diff
     html = compare(out / "tp1.ipynb", html=True).data
-    assert "<table" in html and "batch&nbsp;=&nbsp;256" in html
+    assert '<pre class="dlokit-diff">' in html and "<table" not in html and "+batch = 256" in html
     cli = run_cli("compare", "tp_scripts/train.py", cwd=root)
     assert cli.returncode == 0 and "+    model = model.to(memory_format=torch.channels_last)" in cli.stdout
     with pytest.raises(FileNotFoundError):
         find_solution(root / "elsewhere.py")
+
+
+def test_compare_as_the_notebooks_write_it_shows_one_tp_numbered_like_the_editor_in_one_column():
+    """`dlokit.material.compare(...)` after `import dlokit` alone; its HTML fits a 968 px output (12 px monospace:
+    about 7 px a character, no side-by-side table); its numbers are the student file's lines."""
+    import dlokit
+
+    alone = subprocess.run([sys.executable, "-c", "import dlokit; print(dlokit.material.compare.__name__)"],
+                           capture_output=True, text=True)
+    assert alone.stdout.strip() == "compare", alone.stderr
+    student = REPO / "tp_scripts" / "train_classifier.py"
+    html = dlokit.material.compare(student, tp="TP1.3", html=True).data
+    assert "<table" not in html and "white-space: pre-wrap" in html and "font-size: 12px" in html
+    rows = re.findall(r'<div class="(\w+)">(.*?)</div>', html)
+    assert rows and max(len(unescape(text)) for _, text in rows) <= 130
+    text = dlokit.material.compare(student, tp="TP1.3", html=False)
+    changed = [line for line in text.splitlines() if re.match(r"^ *\d* [-+]", line)]
+    assert any("TODO TP1.3" in line for line in changed) and any("channels_last" in line for line in changed)
+    assert not any("TP2.4" in line or "mixer" in line for line in changed)  # Day 2's block nearby: context only
+    lines = student.read_text().splitlines()
+    numbered = [m for m in map(re.compile(r"^ *(\d+) [ -](.*)$").match, text.splitlines()) if m]
+    assert numbered and all(lines[int(m[1]) - 1] == m[2] for m in numbered)
+    with pytest.raises(ValueError, match="no block of TP9.9"):
+        dlokit.material.compare(student, tp="TP9.9")
 
 
 @pytest.mark.skipif(not (REPO / "tp_scripts" / "solutions").is_dir() and not (REPO / "notebooks" / "solutions").is_dir(),

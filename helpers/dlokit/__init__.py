@@ -25,13 +25,14 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
-    """The public names above, and `dlokit.hpo` (Day 3, Optuna), imported on first use."""
+    """The public names above, `dlokit.hpo` (Day 3, Optuna) and `dlokit.material` (compare: your file beside the
+    solution), imported on first use."""
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
-    if name == "hpo":
-        return importlib.import_module(".hpo", __name__)
+    if name in ("hpo", "material"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -8,6 +8,7 @@ reference in solutions/), so it is loaded from its file (`load_script`)."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -50,6 +51,24 @@ def load_script(path: str | Path, name: str | None = None):
         del sys.modules[spec.name]
         raise
     return module
+
+
+def script_files(path: str | Path) -> list[Path]:
+    """The files of its own folder a job of script `path` runs: the script, the modules beside it that it imports,
+    and theirs (a student's TP files; the shared packages are the kit's). A file that does not parse is listed, its
+    imports are not: the compile check before submission names its error."""
+    files = [Path(path).resolve()]
+    for file in files:  # grows as it goes: each file's siblings are read in turn
+        try:
+            files += [sibling for sibling in _siblings(file) if sibling not in files]
+        except SyntaxError:
+            continue
+    return files
+
+
+def script_digests(path: str | Path) -> dict[str, str]:
+    """{file name: sha256 of its content} of script_files(path): what a job's card keeps of the code it ran."""
+    return {file.name: hashlib.sha256(file.read_bytes()).hexdigest() for file in script_files(path)}
 
 
 def _siblings(path: Path) -> list[Path]:

@@ -376,11 +376,24 @@ def breakdowns_of(jobs, titles) -> dict:
         try:
             table = profiler_breakdown(load_run(job).path / "profile")
         except (OSError, ValueError) as error:
-            print(f"{title} (job {job}): no usable trace ({error})")
+            print(f"{title} (job {job}): {no_trace_because(job, error)}")
             continue
         breakdowns[title] = table
         print(f"{title}: {table.attrs['step_ms']:.1f} ms per profiled step, trace {table.attrs['trace']}")
     return breakdowns
+
+
+def no_trace_because(job: str, error: Exception) -> str:
+    """Why a job left no trace to read: its error where it failed (the student's file and line), else the TODO."""
+    from dlokit.submission.jobs import job_outcome
+
+    try:
+        failure = job_outcome(job).error
+    except (LookupError, OSError):  # no card: a run record alone
+        failure = ""
+    if failure:
+        return f"failed: {failure}; fix it and submit again"
+    return f"no usable trace ({error}): complete the TODO TP1.4 places and submit again"
 
 
 def breakdown_percents(breakdowns: dict) -> pd.DataFrame:
@@ -401,7 +414,7 @@ def breakdown_percents(breakdowns: dict) -> pd.DataFrame:
 def breakdown_pies(breakdowns: dict):
     """breakdown_pie of breakdowns_of's tables, or what to do when no job left a trace."""
     if not breakdowns:
-        return message_figure("no profiler trace yet: complete the TODO TP1.4 places and submit again",
+        return message_figure("no profiler trace to draw: why each job left none is said above",
                               title="step-time breakdown")
     return breakdown_pie(list(breakdowns.values()), titles=list(breakdowns))
 

@@ -279,15 +279,18 @@ def what_next(board) -> str:
     if not failed:
         return ""
     tps = sorted({tp for check in failed for tp in TP_NAME.findall(check)})
-    files = student_files(tps)
-    stuck = (" Stuck on a TODO? " + ", ".join(f'dlokit.material.compare("{f}")' for f in files)
-             + " shows your file beside the solution, block by block.") if files else ""
+    todos = student_todos(tps)
+    stuck = (" Stuck on a TODO? " + ", ".join(f'dlokit.material.compare("{f}", tp="{tp}")' for f, tp in todos)
+             + " shows what your file still lacks against the solution, in that TP's blocks.") if todos else ""
     return (f"What next: {len(failed)} check(s) ❌ ({', '.join(failed)}). Each message says what to change: fix "
             "it in your file (the ✏️ link of its TP), run that TP's cells again, then this cell." + stuck)
 
 
-def student_files(tps) -> list[str]:
-    """The student files (as a notebook beside tp_scripts/ names them) that hold a `TODO <tp>` of these TPs."""
+def student_todos(tps) -> list[tuple[str, str]]:
+    """(student file, as a notebook beside tp_scripts/ names it, TP) for each TP of `tps` whose `TODO <tp>` the
+    file holds."""
+    from dlokit.material.markers import todo_pattern
+
     root = Path("..") / "tp_scripts"
     if not root.is_dir():
         return []
@@ -299,8 +302,7 @@ def student_files(tps) -> list[str]:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        if any(f"TODO {tp}" in text for tp in tps):
-            found.append(path.as_posix())
+        found += [(path.as_posix(), tp) for tp in tps if todo_pattern(tp).search(text)]
     return found
 
 

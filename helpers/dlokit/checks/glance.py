@@ -40,7 +40,7 @@ def _wrong_line(outcome, meant: tuple, card) -> str:
     """One job that did not end as it should: its cause; for a demonstration meant to fail that completed, what it
     was meant to show and why it did not, with the TODO its record points to."""
     if outcome.state != "COMPLETED" or "COMPLETED" in meant:
-        cause = outcome.cause.strip()
+        cause = (outcome.error or outcome.cause).strip()  # error: where in the student's files
         because = failed_because(outcome.job_id)
         return (f"job {outcome.job_id} {outcome.state}" + (f" because {because}" if because else "")
                 + (f": {cause.splitlines()[-1]}" if cause else ""))

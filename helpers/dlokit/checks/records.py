@@ -25,7 +25,7 @@ def why_not_finished(job_id: str, run) -> str:
         from dlokit.submission.jobs import job_outcome
 
         outcome = job_outcome(job_id)
-        state, cause = outcome.state, outcome.cause
+        state, cause = outcome.state, outcome.error or outcome.cause  # error: where in the student's files
     except Exception:
         state, cause = None, ""
     if state in ("RUNNING", "PENDING"):

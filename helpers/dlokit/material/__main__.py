@@ -32,10 +32,11 @@ def main(argv=None) -> int:
     sub = commands.add_parser("compare", help="diff a student file against its solution")
     sub.add_argument("student")
     sub.add_argument("solution", nargs="?")
+    sub.add_argument("--tp", help="only the blocks of this TP (e.g. TP1.3)")
     args = parser.parse_args(argv)
     try:
         if args.command == "compare":
-            print(compare(args.student, args.solution, html=False))
+            print(compare(args.student, args.solution, html=False, tp=args.tp))
             return 0
         if args.command == "build":
             for solutions, out in _pairs(args):

@@ -88,14 +88,14 @@ def _with_header(text: str, block: str) -> str:
     return "".join(lines[:keep]) + block + "\n" + "".join(lines[keep:])
 
 
-def strip_header(text: str) -> str:
-    """A generated .py file's text without its header block (for diffs against the solution)."""
-    lines = text.splitlines(keepends=True)
+def header_span(lines: list[str]) -> range:
+    """The indices of a generated .py file's header block, its rules included (empty when it has none): what a diff
+    against the solution leaves out."""
     first = next((i for i, line in enumerate(lines[:3]) if line.rstrip("\r\n") == RULE), None)
     if first is None:
-        return "".join(line for line in lines if GENERATED not in line)
+        return range(0)
     last = next((i for i in range(first + 1, len(lines)) if lines[i].rstrip("\r\n") == RULE), first)
-    return "".join(lines[:first] + lines[last + 1:])
+    return range(first, last + 1)
 
 
 def render(source: Path, target: Path, out: Path | None = None) -> bytes:

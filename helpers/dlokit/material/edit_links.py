@@ -13,13 +13,15 @@ import json
 import re
 from pathlib import Path
 
+from dlokit.material.markers import todo_pattern
+
 LINK = re.compile(r"✏️ \[(?P<label>[^\]\n]+)\]\((?P<href>\.\./[\w/.-]+\.py)\): `TODO (?P<tp>TP\d+\.\d+)`"
                   r"(?P<lines>, lines? [\d, ]+)?")
 
 
 def todo_lines(script: Path, tp: str) -> list[int]:
     """The 1-based lines of `# TODO <tp>` in a student file."""
-    pattern = re.compile(rf"#\s*TODO {re.escape(tp)}\b")
+    pattern = todo_pattern(tp)
     return [n for n, line in enumerate(script.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
 
 

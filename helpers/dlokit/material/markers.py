@@ -45,6 +45,11 @@ class Block:
         return f"{self.indent}# {head}: {self.text}" if self.text else f"{self.indent}# {head}"
 
 
+def todo_pattern(tp: str) -> re.Pattern:
+    """The `# TODO <tp>` comment a block leaves in the student's file (Block.todo), found in a line."""
+    return re.compile(rf"#\s*TODO {re.escape(tp)}\b")
+
+
 def has_markers(text: str) -> bool:
     return any(START.match(line) or END.match(line) for line in text.splitlines())
 
@@ -133,10 +138,16 @@ def student_version(text: str, source: str = "<text>") -> str:
 
 def solution_version(text: str, source: str = "<text>") -> str:
     """The text without markers and student lines: the code as the solution runs it."""
+    lines = [line for _, line in solution_lines(text, source)]
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+
+
+def solution_lines(text: str, source: str = "<text>") -> list[tuple[str | None, str]]:
+    """solution_version's lines, each with the label of the block it comes from ("TP1.3"; None outside blocks)."""
     lines = text.splitlines()
     output, position = [], 0
     for block in parse_blocks(lines, source):
-        output += lines[position:block.start] + block.solution
+        output += [(None, line) for line in lines[position:block.start]]
+        output += [(block.label, line) for line in block.solution]
         position = block.end + 1
-    output += lines[position:]
-    return "\n".join(output) + ("\n" if text.endswith("\n") else "")
+    return output + [(None, line) for line in lines[position:]]

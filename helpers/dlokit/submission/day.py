@@ -25,6 +25,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import devices, week
+from ..script_modules import script_digests
+from .jobs import find_card
 from .jobspec import check_name
 from .profiles import Profile, use_profile
 from .submit import gpu_jobs_submitter
@@ -97,21 +99,37 @@ class Day:
                expected=None, **options) -> list[str]:
         """Submit (one job per command x GPU count), show the live queue until they end, return the ids.
         `tp` ("TP1.2", "race") tags the jobs' records: the instructor's class report groups runs by it.
-        `reuse`: a command this day ran already on as many GPUs is not run again; its job id comes back in its place
-        (Day 1's scans reuse the first job, or TP1.1's scan when the precision kept is fp32).
+        `reuse`: a command this day ran already on as many GPUs, on the same script files (the script and the
+        student's modules it imports, by content), is not run again; its job id comes back in its place (Day 1's
+        scans reuse the first job, or TP1.1's scan when the precision kept is fp32). A file edited since (a TODO
+        fixed) is said, and the command runs again.
         `expected`: how a job that fails by design is meant to end, {state: why}, for every command or a list with
         one per command (None: meant to complete); its card, the queue and the runs table say "failed as expected"."""
         jobs = pairs(commands, n_gpu)
         meant = dict(zip(jobs, expected_per_job(commands, n_gpu, expected)))
-        new = list(dict.fromkeys(job for job in jobs if job not in self.ran)) if reuse else jobs
-        if reuse and len(new) < len(jobs):
-            print("run already, not submitted again: " + ", ".join(
-                f"job {self.ran[job]}" for job in dict.fromkeys(jobs) if job not in new))
+        if reuse:
+            changed = {job: changed_scripts(self.ran[job], shlex.split(job[0])[0])
+                       for job in dict.fromkeys(jobs) if job in self.ran}
+            new = [job for job in dict.fromkeys(jobs) if job not in changed or changed[job]]
+            self.say_reused(changed)
+        else:
+            new = jobs
         ids = gpu_jobs_submitter(new, name=self.nickname, time_max=self.time_max, wait=wait, refresh_s=self.refresh_s,
                                  tag=tp, expected=[meant[job] for job in new], **options) if new else []
         self.submitted += ids
         self.ran.update(zip(new, ids))
         return [self.ran[job] for job in jobs] if reuse else ids
+
+    def say_reused(self, changed: dict) -> None:
+        """What submit(reuse=True) did with the jobs this day ran already ({job: the files changed since}): those
+        run again because a file changed ("your train_classifier.py changed since job 1234: submitted again"), the
+        others reused."""
+        by_files = {}
+        for job, files in changed.items():
+            by_files.setdefault(tuple(files), []).append(f"job {self.ran[job]}")
+        for files, ran in by_files.items():
+            print(f"your {', '.join(files)} changed since {', '.join(ran)}: submitted again" if files else
+                  f"run already on these files, not submitted again: {', '.join(ran)}")
 
     def submit_until_decided(self, commands, decided, *, rounds: int, max_rounds: int, n_gpu=1, tp: str | None = None,
                              **options) -> list[str]:
@@ -314,6 +332,17 @@ def pairs(commands, n_gpu=1) -> list[tuple[str, int]]:
     counts = n_gpu if isinstance(n_gpu, (list, tuple)) else [n_gpu]
     return [job for item in commands for job in ([tuple(item)] if isinstance(item, tuple) else
                                                  [(item, count) for count in counts])]
+
+
+def changed_scripts(job_id: str, script: str) -> list[str]:
+    """The files of `script` (script_modules.script_files) whose content differs from what job `job_id` ran, by
+    name; a file added or gone counts, and all of them when the job's card is gone or kept no digests."""
+    try:
+        ran = find_card(job_id).extra.get("script_sha256") or {}
+    except LookupError:
+        ran = {}
+    now = script_digests(script)
+    return sorted(name for name in {*ran, *now} if ran.get(name) != now.get(name))
 
 
 def expected_per_job(commands, n_gpu, expected) -> list:

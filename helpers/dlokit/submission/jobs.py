@@ -104,6 +104,7 @@ class Outcome:
     elapsed: str = ""
     cause: str = ""  # the last lines of the traceback, or why the job stopped
     expected: str = ""  # why, when the job failed as its card expected (a demonstration); see JobCard.expected
+    error: str = ""  # a FAILED job's exception line, with the student's file and line it was raised through
 
     @property
     def finished(self) -> bool:
@@ -557,18 +558,46 @@ SUBMITIT_FAILED = "submitit.core.utils.FailedJobError: "  # submitit's report of
 SCHEDULER_LINE = re.compile(r"^(srun|slurmstepd\S*): |^submitit (WARNING|ERROR|INFO) \(")  # written after it
 
 
+def _error_logs(card: JobCard) -> list[str]:
+    """The end of each task's error log, the tasks that failed first."""
+    return [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
+
+
+def _traceback_block(text: str) -> list[str]:
+    """A log's first traceback, from its head to its exception's line; [] when it has none."""
+    if "Traceback" not in text:
+        return []
+    block = text[text.index("Traceback"):].splitlines()
+    end = next((i for i, line in enumerate(block) if re.match(r"\S.*(Error|Exception|Interrupt)\b", line)
+                and i > 0), len(block) - 1)
+    if block[end].startswith(SUBMITIT_FAILED):  # its message is the script's whole stderr: the end says why
+        end = max(i for i, line in enumerate(block) if line.strip() and not SCHEDULER_LINE.match(line))
+    return block[:end + 1]
+
+
 def traceback_tail(card: JobCard, lines: int = 6) -> str:
     """The end of the first task's traceback that says why it failed (user script first, then submitit's)."""
-    texts = [tail(card.log_path(task, err=True), 200) for task in _tasks_failed_first(card)]
-    for text in texts:
-        if "Traceback" in text:
-            block = text[text.index("Traceback"):].splitlines()
-            end = next((i for i, line in enumerate(block) if re.match(r"\S.*(Error|Exception|Interrupt)\b", line)
-                        and i > 0), len(block) - 1)
-            if block[end].startswith(SUBMITIT_FAILED):  # its message is the script's whole stderr: the end says why
-                end = max(i for i, line in enumerate(block) if line.strip() and not SCHEDULER_LINE.match(line))
-            return "\n".join(block[max(0, end - lines + 1): end + 1])
-    return next((t for t in texts if t), "")
+    texts = _error_logs(card)
+    block = next((block for block in map(_traceback_block, texts) if block), [])
+    return "\n".join(block[-lines:]) if block else next((t for t in texts if t), "")
+
+
+FRAME_LINE = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)')
+
+
+def student_error(card: JobCard) -> str:
+    """A failed job's exception line with the last place of the student's files its traceback passed (the files the
+    card hashed: the script and the modules of its folder), e.g. "NameError: name 'trace_dri' is not defined
+    (train_classifier.py, line 312)"; '' when no task's log holds a traceback."""
+    digests = card.extra.get("script_sha256")
+    names = set(digests) if isinstance(digests, dict) else {Path(str(script)).name for script in card.argv[:1]}
+    block = next((block for block in map(_traceback_block, _error_logs(card)) if block), [])
+    if not block:
+        return ""
+    places = [(Path(m["path"]).name, m["line"]) for m in map(FRAME_LINE.match, block)
+              if m and Path(m["path"]).name in names]
+    error = textwrap.shorten(block[-1].removeprefix(SUBMITIT_FAILED).strip(), 300)
+    return f"{error} ({places[-1][0]}, line {places[-1][1]})" if places else error
 
 
 # what a job killed for memory leaves in its logs, besides MEMORY_ERRORS: an allocation refused under the
@@ -637,6 +666,8 @@ def card_outcome(card: JobCard) -> Outcome:
         if stopped:
             outcome.cause += (f"\n(task {stopped.get('failed_task')} failed with exit code {stopped.get('exit_code')}; "
                               "the tasks still running after it were stopped, as srun --kill-on-bad-exit does)")
+    if outcome.state == "FAILED":
+        outcome.error = student_error(card)
     if outcome.state == "OUT_OF_MEMORY":
         outcome.cause = _memory_cause(card, row, usage, outcome.cause or traceback_tail(card))
     elif outcome.state == "TIMEOUT":

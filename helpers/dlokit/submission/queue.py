@@ -296,18 +296,20 @@ def _later(elapsed: str, seconds: float) -> str:
 
 
 def _ended_row(card: jobs.JobCard) -> dict | None:
-    """A job that has left the queue: its final state, elapsed time and last line; None while it is not known to
-    have ended (just submitted, or the scheduler does not answer)."""
+    """A job that has left the queue: its final state, elapsed time and last line; a failed job's error (where in the
+    student's files) in place of its last line; None while it is not known to have ended (just submitted, or the
+    scheduler does not answer)."""
     try:
         outcome = jobs.card_outcome(card)
     except (jobs.SchedulerError, OSError):
         return None
     if not outcome.finished:
         return None
+    failure = "" if outcome.expected else outcome.error  # a failure by design reads "failed as expected" instead
     return dict(job_id=card.job_id, name=card.name, state=outcome.state, elapsed=outcome.elapsed,
-                time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason="",
-                last_log_line=jobs.script_line(card) if card.log_path().exists() else "", reason_detail="",
-                expected=outcome.expected)
+                time_limit=format_seconds(card.time_seconds), nodes=card.nodes, node_list="", reason=failure,
+                last_log_line=jobs.script_line(card) if card.log_path().exists() and not failure else "",
+                reason_detail=outcome.cause if failure else "", expected=outcome.expected)
 
 
 def _watch_text(name, timestep, timeout_s, job_ids=None) -> pd.DataFrame:

@@ -16,6 +16,7 @@ import secrets
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import submitit
@@ -26,6 +27,7 @@ from ..in_job import jobenv, shared_folders
 from .jobspec import (ClusterQueryError, JobSpec, JobSpecError, Layout, check_account, check_fits, check_name, cluster_limits, plan,
                       setup_lines, slurm_parameters, uses_modules)
 from .profiles import Profile, current_profile, memory_mb
+from ..script_modules import script_digests, script_files
 from ..in_job.task import ScriptTask
 
 class DeviceLockedLocalExecutor(submitit.LocalExecutor):
@@ -155,6 +157,7 @@ def submit(specs: JobSpec | list[JobSpec], profile: Profile | None = None, verbo
                                 time_seconds=member_layout.time_seconds, runs_dir=str(profile.runs),
                                 submitted_at=time.time(), expected=jobs.expected_ends(member.expected),
                                 extra={"mem": str(profile.mem or ""), "mem_per_cpu": str(profile.mem_per_cpu or ""),
+                                       "script_sha256": script_digests(member.script),
                                        **({"tag": member.env[jobenv.TAG]} if member.env.get(jobenv.TAG) else {})})
             card.save()
             jobs.remember(card, job)
@@ -211,13 +214,29 @@ def _check_module_system(specs: list[JobSpec], profile: Profile, verbose: bool) 
                            "or submit from the cluster's login node")
 
 
+class ScriptSyntaxError(JobSpecError):
+    """A file a job would run does not compile: nothing was submitted. A notebook shows its message alone, as Python
+    shows a syntax error (file, line, the caret), not the kit's frames above it."""
+
+    def _render_traceback_(self):  # IPython's hook: these lines in place of the traceback
+        return str(self).splitlines()
+
+
 def _check_scripts(specs: list[JobSpec]) -> None:
-    """Every backend runs the script from the notebook's folder: it must be there now."""
-    for spec in specs:
-        path = Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script
+    """Every backend runs the script from the notebook's folder: it must be there now, and it and the modules of its
+    folder it imports (the student's files) must compile: a syntax error is said now, not by a failed job."""
+    paths = [Path(spec.script) if Path(spec.script).is_absolute() else Path.cwd() / spec.script for spec in specs]
+    for spec, path in zip(specs, paths):
         if not path.is_file():
             raise JobSpecError(f"script {spec.script!r} not found (looked for {path}); "
                                "check the path relative to the notebook's folder")
+    files = dict.fromkeys(file for path in dict.fromkeys(paths) for file in script_files(path))  # a sweep's: once
+    for file in files:
+        try:
+            compile(file.read_bytes(), str(file), "exec")
+        except SyntaxError as error:
+            raise ScriptSyntaxError(f"{file.name} does not compile: nothing was submitted\n"
+                                    + "".join(traceback.format_exception_only(error)).rstrip()) from None
 
 
 def _check_against_cluster(specs: list[JobSpec], layouts: list[Layout], profile: Profile, verbose: bool) -> None:
