@@ -121,8 +121,13 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_verify_race(lab):
 
     rows = {row["nickname"]: row for row in run_as(INSTRUCTOR, lab, VERIFY, str(test))}
     assert not (lab / "ran-as").exists(), "the student's checkpoint ran code as the instructor"
-    assert "holds more than weights" in rows["bob"]["flag"] and "refused" in rows["bob"]["flag"], rows
+    assert "holds more than weights" in rows["bob"]["flag"] and rows["bob"]["flag"].startswith("refused: "), rows
     assert rows["ann"]["flag"] == "" and 0 <= rows["ann"]["test_top1"] <= 1, rows  # the honest one is scored
+    said = as_user(INSTRUCTOR, lab, "import sys\nfrom dlokit.classroom import main\nsys.exit(main(sys.argv[1:]))",
+                   "verify-race", "--profile", "local", "--test", str(test))
+    out, err = said.communicate(timeout=300)
+    assert said.returncode == 0 and "2 entries, 1 scored, 1 not scored" in out, out + err
+    assert "OUT_OF_MEMORY" not in out and "refused: " in out, out
 
 
 def test_the_board_survives_what_students_put_in_it_and_shows_no_claimed_value(lab):

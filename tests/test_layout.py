@@ -273,3 +273,85 @@ def test_every_script_records_its_steps_and_its_out_of_memory_through_the_one_su
         assert not re.search(r"""event=["']oom["']""", code), f"{path}: an OOM not recorded by .out_of_memory()"
         assert "StepTimer" not in code, f"{path}: a second step clock"
         assert "class StepClock" not in code or path.name == "measure.py", f"{path}: a second StepClock"
+
+
+# Reads of a file outside dlokit.in_job.untrusted, by (module, function): each reads what only this user, the
+# repository or the system can have written. Anything another user can write (run records, cards, notes, logs,
+# the board, checks, checkpoints, notebooks, the lock folder, a shared folder's profiles file) goes through it.
+OWN_READS = {
+    ("analysis/profiler.py", "read_trace"): "parses the trace untrusted.open_regular opened",
+    ("race/score_checkpoint.py", "load_weights"): "torch.load(weights_only) of what untrusted.open_regular opened",
+    ("checks/framework.py", "student_todos"): "the student's own tp_scripts/",
+    ("classifier_plan.py", "notebook_parameters"): "the repository's notebooks",
+    ("course.py", "extract_plots"): "the notebooks this course run executed",
+    ("course.py", "_known"): "the repository's notebooks",
+    ("doctor/probe.py", "env_probe"): "the doctor's own job's files",
+    ("doctor/probe_jobs.py", "setup_errors"): "the doctor's own job logs",
+    ("doctor/probe_jobs.py", "said"): "the doctor's own job logs",
+    ("doctor/probe_jobs.py", "_python"): "the doctor's own job logs",
+    ("doctor/probe_jobs.py", "_shared"): "the doctor's own job's file",
+    ("hpo.py", "_process_start"): "/proc",
+    ("in_job/energy.py", "_read"): "/sys and /proc",
+    ("in_job/energy.py", "_read_text"): "/sys",
+    ("in_job/energy.py", "energy_j"): "/sys",
+    ("in_job/energy.py", "process_started_unix"): "/proc",
+    ("in_job/runrecord.py", "_cores_busy_ticks"): "/proc/stat",
+    ("in_job/task.py", "_memory_limit_mb"): "the cgroup's files",
+    ("in_job/task.py", "_write_usage"): "this task's own note",
+    ("in_job/warm_start.py", "_address"): "the user's own runtime folder (0700)",
+    ("in_job/warm_start.py", "_data_bytes"): "/proc",
+    ("in_job/warm_start.py", "_create_time"): "/proc",
+    ("in_job/warm_start.py", "adopted"): "the user's own runtime folder (0700)",
+    ("in_job/warm_start.py", "_server_data_bytes"): "the user's own runtime folder (0700)",
+    ("in_job/warm_start.py", "cuda_driver_loaded"): "/proc/self/maps",
+    **{("material/build.py", f): "the repository's files" for f in ("header", "has_solution", "render", "stale",
+                                                                    "build", "student_copy", "_generated_from")},
+    **{("material/diff.py", f): "the student's own files" for f in ("_notebook_text", "student_lines",
+                                                                   "labelled_solution")},
+    **{("material/edit_links.py", f): "the repository's files" for f in ("refreshed", "refresh", "stale_links",
+                                                                        "todo_lines")},
+    ("script_modules.py", "_siblings"): "the script the user submits and its folder",
+    ("script_modules.py", "script_digests"): "the script the user submits and its folder",
+    ("submission/submit.py", "_check_scripts"): "the script the user submits",
+    ("submission/day.py", "recall"): "the notebook's own notes",
+    ("submission/device_launcher.py", "_available_mb"): "/proc/meminfo",
+    ("submission/device_launcher.py", "_failed_task"): "the launcher's own job folder",
+    ("submission/jobs.py", "show_script"): "this user's own job's script (find_card: this user's cards)",
+    ("submission/jobs.py", "local_alive"): "/proc",
+}
+TRUSTED_READERS = ("untrusted", "runrecord")  # untrusted.read_*, runrecord.read_json_object (through untrusted)
+
+
+def file_reads(path: Path):
+    """(function, call) of each read of a file in a module: read_text/read_bytes, open for reading, json/torch/pickle
+    load, os.open without a write flag."""
+    tree = ast.parse(path.read_text())
+    where = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in ast.walk(node):
+                where.setdefault(id(child), node.name)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+        if owner in TRUSTED_READERS:
+            continue
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        writes = isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax")
+        flags = {a.attr for a in ast.walk(node) if isinstance(a, ast.Attribute)}
+        if (name in ("read_text", "read_bytes") or (name == "load" and owner in ("json", "torch", "pickle"))
+                or (name == "open" and owner in ("", "gzip", "io") and not writes)
+                or (name == "open" and owner == "os" and not flags & {"O_WRONLY", "O_CREAT", "O_RDWR"})):
+            yield where.get(id(node), "<module>"), f"{owner + '.' if owner else ''}{name}"
+
+
+def test_every_read_of_what_another_user_wrote_goes_through_the_one_safe_read():
+    found = {(path.relative_to(PACKAGE).as_posix(), function): call for path in sorted(PACKAGE.rglob("*.py"))
+             if path.name != "untrusted.py" for function, call in file_reads(path)}
+    unlisted = {place: call for place, call in found.items() if place not in OWN_READS}
+    assert not unlisted, ("read through dlokit.in_job.untrusted, or add to OWN_READS why no other user can have "
+                          f"written the file: {unlisted}")
+    assert not set(OWN_READS) - set(found), f"no longer reads a file: {set(OWN_READS) - set(found)}"

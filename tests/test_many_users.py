@@ -47,6 +47,8 @@ def class_folder():
     """Two students and the folder they share (open to all, as an instructor would make it)."""
     shared = Path(tempfile.mkdtemp(prefix="dlokit-class-"))
     shared.chmod(0o1777)
+    for top in ("dlokit_jobs", "runs"):  # the shared folders: made for the students, never by one of them
+        subprocess.run(["install", "-d", "-m", "1777", str(shared / top)], check=True)
     for user in USERS:
         if subprocess.run(["id", user], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--no-create-home", "--user-group", user], check=True)
@@ -81,7 +83,7 @@ def interval(log: str) -> dict:
 def test_two_students_one_after_the_other_then_at_once(class_folder):
     first = result(as_user(USERS[0], class_folder, SUBMIT, f"{JOBS / 'interval.py'} 0.2", "first"))
     assert first["state"] == "COMPLETED", first
-    # the second user: the lock folder, the job folder and the runs folder were all made by the first
+    # the second user: the lock folder was made by the first, the job and runs folders are the class's
     second = result(as_user(USERS[1], class_folder, SUBMIT, f"{JOBS / 'recorded_sleep.py'} 0.5", "second"))
     assert second["state"] == "COMPLETED", second
     assert (class_folder / "runs" / second["job"] / "rank0" / "run.json").exists()

@@ -250,3 +250,24 @@ def test_with_requeue_a_job_that_loses_a_node_waits_for_it_and_runs_again(two_no
     [outcome] = dlokit.wait(job_id, timeout_s=120)
     assert outcome.state == "COMPLETED", str(outcome)
     assert re.findall(r"^run \d", log.read_text(), re.M) == ["run 0", "run 1"]
+
+
+def test_two_clusters_in_one_runs_folder_keep_their_records_apart(slurm_cluster, _two_node_cluster, workspace,
+                                                                   monkeypatch):
+    """Each cluster numbers its own jobs: a run record's id names its cluster (`<job>@<cluster>`), so jobs of two
+    clusters writing into one runs folder never share a folder, and each job's card leads to its own record."""
+    recorded = f"{REPO / 'tests' / 'job_scripts' / 'recorded_sleep.py'} 0.3"
+    found = {}
+    for profile, env in (("local-slurm", {}), ("local-slurm-2n", _two_node_cluster[1])):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        dlokit.use_profile(profile)
+        [job] = dlokit.gpu_jobs_submitter(recorded, n_gpu=1, name="clusters", time_max="00:02:00", verbose=False)
+        assert dlokit.wait([job], timeout_s=240)[0].state == "COMPLETED"
+        card = jobs.find_card(job)
+        assert card.cluster and card.run_dir.name == f"{job}@{card.cluster}"
+        run = load_run(job)
+        assert run.path == card.run_dir and run.info["run_id"] == card.run_dir.name and run.state == "completed"
+        found[card.cluster] = card.run_dir
+    assert len(found) == 2 and len(set(found.values())) == 2, found
+    assert sorted(p.name for p in Path(os.environ["DLOKIT_RUNS_DIR"]).iterdir()) == sorted(p.name for p in found.values())

@@ -79,3 +79,13 @@ def test_a_step_line_and_an_out_of_memory_end_read_as_the_analysis_reads_them(tm
         assert rank0["state"] == status and rank0["summary"]["oom"] is True and rank0["summary"]["failed_step"] == 2
         run = load_run(run_id, runs_dir=tmp_path)
         assert run.oom and run.error == "OutOfMemoryError: 2 GiB"
+
+
+def test_jobs_numbered_alike_on_two_clusters_get_two_run_ids():
+    from dlokit.in_job.runrecord import slurm_run_id
+
+    assert slurm_run_id({"SLURM_JOB_ID": "3", "SLURM_CLUSTER_NAME": "Alpha"}) == "3@alpha"
+    assert slurm_run_id({"SLURM_JOB_ID": "3", "SLURM_CLUSTER_NAME": "beta"}) == "3@beta"
+    assert slurm_run_id({"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2",
+                         "SLURM_CLUSTER_NAME": "beta"}) == "7_2@beta"
+    assert slurm_run_id({"SLURM_JOB_ID": "3"}) == "3"  # a Slurm that names no cluster

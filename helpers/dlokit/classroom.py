@@ -74,9 +74,10 @@ LEGEND = f"{DONE} done  {STUCK} stuck  {NOT_APPLICABLE} not applicable here  {RU
 NAME_CHARS = 32  # a nickname or a tag in the grid: a longer one (a forged record's) is cut
 
 
-def _job(student, tp, job_id, state, cause, usage, submitted=0.0, error="") -> dict:
-    """One job: `cause` the scheduler's word (or the record's error), `error` the run record's own."""
-    return {"student": printable(student or "(no name)", NAME_CHARS), "tp": printable(tp or UNTAGGED, NAME_CHARS),
+def _job(student, tp, job_id, state, cause, usage, submitted=0.0, error="", owner=None) -> dict:
+    """One job: `cause` the scheduler's word (or the record's error), `error` the run record's own; `owner` the uid
+    whose files say so."""
+    return {"owner": owner, "student": printable(student or "(no name)", NAME_CHARS), "tp": printable(tp or UNTAGGED, NAME_CHARS),
             "job_id": printable(job_id, 160), "state": printable(state, 160), "cause": printable(cause, lines=True),
             "usage": usage, "submitted": submitted, "error": printable(error, lines=True), "by_design": False, "missed": False}
 
@@ -103,13 +104,14 @@ def jobs_from_records(runs_dir: Path) -> dict[str, dict]:
         first, last = job_runs[0], job_runs[-1]
         if last.unreadable:
             found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, "UNKNOWN",
-                                 f"run record not read: {last.unreadable}", None)
+                                 f"run record not read: {last.unreadable}", None, owner=first.owner)
             continue
         state, cause = last.summary.get("status") or last.state, last.error or ""
         if state == "checkpointed":
             cause = f"checkpointed on {last.summary.get('signal')} at step {last.summary.get('steps')}, not resumed"
         found[job_id] = _job(first.info.get("name"), first.info.get("tag"), job_id, state, cause,
-                             jobs_usage(job_runs), _unix(first.info.get("started_at")), last.error or "")
+                             jobs_usage(job_runs), _unix(first.info.get("started_at")), last.error or "",
+                             owner=first.owner)
     return found
 
 
@@ -130,7 +132,7 @@ def cards(logs_dir: Path) -> list[tuple[object, Path]]:
 
 def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
     """The scheduler's word on each job (and the jobs that failed before writing any record)."""
-    for card, _ in cards(logs_dir):
+    for card, user_folder in cards(logs_dir):
         if Path(card.runs_dir).resolve() != Path(runs_dir).resolve():
             continue  # another runs folder: another class, or another profile
         try:
@@ -141,7 +143,8 @@ def add_outcomes(jobs: dict[str, dict], logs_dir: Path, runs_dir: Path) -> None:
         run_id = card.run_dir.name  # the records' id: the job id, and a Slurm job's cluster
         job = jobs.get(run_id)
         if job is None:
-            job = jobs[run_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None)
+            job = jobs[run_id] = _job(card.name, card.extra.get("tag"), card.job_id, state, cause, None,
+                                      owner=user_folder.lstat().st_uid)
         if job["student"] == "(no name)":  # its run record was not read: the card names the student
             job["student"] = printable(card.name, NAME_CHARS)
         job["submitted"] = card.submitted_at if isinstance(card.submitted_at, (int, float)) else job["submitted"]
@@ -302,6 +305,20 @@ def _status(jobs: list[dict], checks: list[dict]) -> tuple[str, str]:
     return (DONE if jobs else NOT_STARTED), ""
 
 
+def name_owners(jobs: dict[str, dict]) -> None:
+    """A nickname written by more than one Unix user (a record or a card of another's that claims it) is shown with
+    each writer's user name, so that nobody's row holds what someone else wrote."""
+    owners = defaultdict(set)
+    for job in jobs.values():
+        if job["owner"] is not None:
+            owners[job["student"]].add(job["owner"])
+    for job in jobs.values():
+        if job["student"] == "(no name)" and job["owner"] is not None:
+            job["student"] = printable(f"(no name: {untrusted.user_name(job['owner'])})", 2 * NAME_CHARS)
+        elif len(owners[job["student"]]) > 1 and job["owner"] is not None:
+            job["student"] = printable(f"{job['student']} ({untrusted.user_name(job['owner'])})", 2 * NAME_CHARS)
+
+
 def gather(runs_dir, logs_dir=None, notebooks=()) -> tuple[dict[str, dict], list[dict]]:
     """Every job (by id) and every check result of the class, the jobs failed by design marked so."""
     runs_dir = Path(runs_dir)
@@ -309,6 +326,8 @@ def gather(runs_dir, logs_dir=None, notebooks=()) -> tuple[dict[str, dict], list
     if logs_dir is not None:
         add_outcomes(jobs, Path(logs_dir), runs_dir)
     from .race.verify import VERIFY_TAG
+
+    name_owners(jobs)
 
     jobs = {job_id: job for job_id, job in jobs.items() if job["tp"] != VERIFY_TAG}  # the instructor's scoring jobs
     checks = checks_from_notebooks(notebooks)

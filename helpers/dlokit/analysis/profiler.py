@@ -17,6 +17,7 @@ Steps are counted once, from the host copy; device categories come from device e
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import zlib
@@ -27,6 +28,7 @@ import pandas as pd
 from dlokit.analysis import stats
 from dlokit.analysis.figures import message_figure, new_figure
 from dlokit.analysis.run import load_run, load_runs
+from dlokit.in_job import untrusted
 
 CATEGORIES = ("Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec", "Other")
 COLORS = dict(zip(CATEGORIES, ("tab:green", "tab:orange", "tab:olive", "tab:brown", "tab:red", "tab:purple",
@@ -40,6 +42,9 @@ OPTIONAL_CATEGORIES = ("Communication",)  # a key of _breakdown_events' totals o
 STEP_PREFIX = "ProfilerStep#"
 TYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8,
               "long": 8, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}
+
+
+TRACE_BYTES = 1024 ** 3  # a Chrome trace of a few profiled steps: tens of MiB
 
 
 def trace_files(path, rank: int | None = None) -> list[Path]:
@@ -68,9 +73,10 @@ def read_trace(path) -> list[dict]:
     the file; a missing one FileNotFoundError.
     """
     path = Path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as handle:
+        with untrusted.open_regular(path, TRACE_BYTES) as raw:  # in a run folder: see dlokit.in_job.untrusted
+            handle = gzip.open(raw, "rt", encoding="utf-8") if path.name.endswith(".gz") else io.TextIOWrapper(
+                raw, encoding="utf-8")
             data = json.load(handle)
     except (ValueError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path} is not a complete Chrome trace ({type(error).__name__}: {error}): was the job "

@@ -412,8 +412,8 @@ def _read_bytes(path: Path, owners=untrusted.FOLDER_OWNER) -> bytes | None:
     except FileNotFoundError:
         return None
     except untrusted.Refused as error:
-        folder = path.is_dir() and not path.is_symlink()
-        raise Unreadable(f"{path.name}: {'a folder, not a file' if folder else error.why}") from None
+        raise Unreadable(f"{path.name}: {'a folder, not a file' if error.why.startswith('a folder') else error.why}") \
+            from None
 
 
 def _utf8(data: bytes, what: str) -> str:

@@ -25,7 +25,7 @@ import submitit
 from submitit.core.utils import FailedJobError
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE  # its controller then starts the tasks again
 
-from ..in_job import jobenv, runrecord
+from ..in_job import jobenv, runrecord, untrusted
 from ..analysis.race_history import history, segment_id
 from ..in_job.task import ScriptTask, children_of
 
@@ -115,7 +115,7 @@ def _forward_to_script(signum, _frame) -> None:
 
 def _read_segment(path: Path) -> int:
     try:
-        return int(json.loads(path.read_text())["segment"])
+        return int(untrusted.read_json(path)["segment"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
@@ -139,6 +139,7 @@ def _write_history(path: Path, base: str, runs: Path) -> None:
 
 def _completed(folder: Path) -> bool:
     try:
-        return json.loads((folder / "rank0" / "summary.json").read_text()).get("status") == "completed"
-    except (OSError, ValueError, AttributeError):
+        summary, _ = runrecord.read_json_object(folder / "rank0" / "summary.json")
+    except runrecord.Unreadable:
         return False
+    return bool(summary) and summary.get("status") == "completed"

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock, Timeout
 
-from ..in_job import jobenv
+from ..in_job import jobenv, untrusted
 
 POLL_S = 0.25
 
@@ -103,9 +103,12 @@ def _note_alive(note: dict) -> bool:
 
 
 def _read_json(path: Path) -> dict:
+    """A note in the shared lock folder: a holder's note must be the user's its name says (`<device>.holder.<uid>`);
+    anything else there (a FIFO, a link, another's file) reads as no note."""
+    owner = path.name.split(".holder.")[-1].split(".")[0] if ".holder." in path.name else ""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = untrusted.read_json(path, owners={int(owner)} if owner.isdigit() else untrusted.FOLDER_OWNER)
+    except OSError:
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -13,10 +13,11 @@ import getpass
 import os
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..in_job import jobenv
+from ..in_job import jobenv, untrusted
 
 BUILTIN_FILE = Path(__file__).with_name("profiles.toml")
 
@@ -143,8 +144,11 @@ def _profile_files() -> list[Path]:
 def load_profiles() -> dict[str, dict]:
     raw: dict[str, dict] = {}
     for path in _profile_files():
-        try:
-            data = tomllib.loads(path.read_text())
+        try:  # a profile's `setup` lines run in every job: only this user's (or root's) files are profiles
+            data = tomllib.loads(untrusted.read_text(path, owners=None if path == BUILTIN_FILE else {os.getuid(), 0}))
+        except untrusted.Refused as error:  # e.g. a ./dlokit_profiles.toml another user left in a shared folder
+            warnings.warn(f"profiles file not read: {error}", stacklevel=2)
+            continue
         except tomllib.TOMLDecodeError as err:
             raise ProfileError(f"{path} is not valid TOML: {err}") from None
         for name, table in data.items():
