@@ -286,5 +286,5 @@ def test_submitted_job_compiles_into_the_users_cache(backend, workspace, monkeyp
     [job_id] = dlokit.gpu_jobs_submitter(shlex.join(command), n_gpu=1, name="cache", time_max="00:05:00")
     [outcome] = dlokit.wait(job_id, timeout_s=300)
     assert outcome.state == "COMPLETED", str(outcome)
-    run = read_rank(workspace / "runs" / job_id / "rank0")["run"]
+    run = read_rank(dlokit.submission.jobs.find_card(job_id).run_dir / "rank0")["run"]
     assert run["config"]["inductor_cache_dir"] == str(home / ".cache" / "dlokit" / "inductor")

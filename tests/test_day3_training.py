@@ -297,7 +297,7 @@ def test_tensorboard_events_and_no_api_key_in_any_file(backend, workspace, monke
     [outcome] = dlokit.wait(job_id, timeout_s=300)
     assert outcome.state == "COMPLETED", str(outcome)
     assert dlokit.show_script(job_id) and list((workspace / "jobs").rglob(f"{job_id}*_job.json"))
-    assert list((runs / job_id).rglob("events.out.tfevents.*"))
+    assert list(dlokit.submission.jobs.find_card(job_id).run_dir.rglob("events.out.tfevents.*"))
     assert files_holding(workspace, key) == []
 
 

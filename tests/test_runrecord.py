@@ -82,7 +82,7 @@ def test_a_step_line_and_an_out_of_memory_end_read_as_the_analysis_reads_them(tm
 
 
 def test_jobs_numbered_alike_on_two_clusters_get_two_run_ids():
-    from dlokit.in_job.runrecord import slurm_run_id
+    from dlokit.in_job.jobenv import slurm_run_id
 
     assert slurm_run_id({"SLURM_JOB_ID": "3", "SLURM_CLUSTER_NAME": "Alpha"}) == "3@alpha"
     assert slurm_run_id({"SLURM_JOB_ID": "3", "SLURM_CLUSTER_NAME": "beta"}) == "3@beta"

@@ -43,7 +43,7 @@ def until(condition, timeout: float, what: str, poll: float = 0.2):
 
 
 def steps_recorded(job_id: str) -> int:
-    metrics = dlokit.current_profile().runs / job_id / "rank0" / "metrics.jsonl"
+    metrics = dlokit.submission.jobs.find_card(job_id).run_dir / "rank0" / "metrics.jsonl"
     return metrics.read_text().count('"kind": "step"') if metrics.exists() else 0
 
 

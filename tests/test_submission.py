@@ -212,7 +212,7 @@ def test_a_memory_limit_holds_for_the_job_s_processes_together(backend):
 def test_cancelled_job_is_cancelled_in_its_run_record_and_prints_nothing(backend, workspace, capfd):
     [job_id] = dlokit.gpu_jobs_submitter(script("recorded_sleep.py"), n_gpu=1, name="cancelrec",
                                          time_max="00:05:00", verbose=False)
-    metrics = workspace / "runs" / job_id / "rank0" / "metrics.jsonl"
+    metrics = dlokit.submission.jobs.find_card(job_id).run_dir / "rank0" / "metrics.jsonl"
     deadline = time.time() + 90
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() < deadline:
         time.sleep(0.3)

@@ -56,6 +56,14 @@ INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_CACHE = "TRITON_CACHE_DIR"
 
 
+def slurm_run_id(env) -> str:
+    """A Slurm job's run id: its job id (an array's `<job>_<task>`) and, where the job says it, its cluster's name
+    (`3@clusterA`), since two clusters number their jobs alike and would write into one folder."""
+    job = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+           if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else env["SLURM_JOB_ID"])
+    return f"{job}@{env['SLURM_CLUSTER_NAME'].lower()}" if env.get("SLURM_CLUSTER_NAME") else job  # as the card
+
+
 def task_environment(*, runs_dir: Path, job_name: str, cpus_per_task: int, run_id: str | None = None) -> dict:
     """What the submitter exports to every task of a job."""
     env = {RUNS_DIR: str(runs_dir), JOB_NAME: job_name, CPUS_PER_TASK: str(cpus_per_task), "PYTHONUNBUFFERED": "1",

@@ -103,20 +103,12 @@ def default_run_id() -> str:
     if env.get(jobenv.RUN_ID):
         return env[jobenv.RUN_ID]
     if env.get("SLURM_JOB_ID"):
-        return slurm_run_id(env)
+        return jobenv.slurm_run_id(env)
     if env.get("SUBMITIT_LOCAL_JOB_ID"):
         return env["SUBMITIT_LOCAL_JOB_ID"]
     if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return env["TORCHELASTIC_RUN_ID"]
     return time.strftime("local-%Y%m%d-%H%M%S-") + str(os.getpid())
-
-
-def slurm_run_id(env) -> str:
-    """A Slurm job's run id: its job id (an array's `<job>_<task>`) and, where the job says it, its cluster's name
-    (`3@clusterA`), since two clusters number their jobs alike and would write into one folder."""
-    job = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-           if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else env["SLURM_JOB_ID"])
-    return f"{job}@{env['SLURM_CLUSTER_NAME'].lower()}" if env.get("SLURM_CLUSTER_NAME") else job  # as the card
 
 
 def shared_run_id() -> str:

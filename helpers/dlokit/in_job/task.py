@@ -34,7 +34,8 @@ class ScriptTask:
             os.environ["MASTER_PORT"] = str(rank.port_from_job_id(job.job_id))
         # (a local job's launcher has set one it found free)
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        env = {**os.environ, jobenv.RUN_ID: job.job_id, **self.env}
+        run_id = jobenv.slurm_run_id(os.environ) if job.cluster == "slurm" else job.job_id  # `<id>@<cluster>`
+        env = {**os.environ, jobenv.RUN_ID: run_id, **self.env}
         env.update(own_gpus(env))
         cpus = _pin_to_own_cores(env) or jobenv.cpus_per_task(env)
         if cpus and "OMP_NUM_THREADS" not in self.env:  # the task's CPUs, not the node's

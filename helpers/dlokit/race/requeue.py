@@ -76,7 +76,7 @@ class RequeueingTask(ScriptTask):
         on_slurm = job.cluster == "slurm"  # never the Slurm variables a notebook's own job may leak to a local job
         note = Path(job.paths.folder) / f"{job.job_id}_segment.json"
         segment = max(_read_segment(note), int(os.environ.get("SLURM_RESTART_COUNT") or 0) if on_slurm else 0)
-        base = self.env.get(jobenv.RUN_ID) or (runrecord.slurm_run_id(os.environ) if on_slurm else job.job_id)
+        base = self.env.get(jobenv.RUN_ID) or (jobenv.slurm_run_id(os.environ) if on_slurm else job.job_id)
         runs = Path(self.env.get(jobenv.RUNS_DIR) or jobenv.runs_dir())
         if segment and _completed(runs / segment_id(base, segment - 1)):
             return "already completed"  # the signal came after the last step: nothing left to do
