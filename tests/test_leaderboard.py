@@ -201,3 +201,24 @@ def test_verify_race_rescores_each_entry_and_flags_a_forged_record(tmp_path, wor
     assert by_run.loc[honest, "flag"] == "" and 0 <= by_run.loc[honest, "test_top1"] <= 1
     scoring = dlokit.submission.jobs.find_card(by_run.loc[forged, "score_job"])
     assert str(test) in scoring.command_line and "checkpoint.pt" in scoring.command_line
+
+
+def test_a_check_too_large_for_the_students_is_refused_and_a_broken_one_is_named(tmp_path, monkeypatch):
+    """The instructors' check is never silently stale: one larger than a student's board reads is refused at publish,
+    naming the size; one that cannot be read (here cut short) is named on the board, not replaced by an older one."""
+    from dlokit.race import leaderboard
+
+    runs, folder = tmp_path / "runs", tmp_path / "board"
+    record(runs, "401", "alice", [0.3])
+    board = race.Leaderboard(folder, runs, budget_gpu_hours=1.0)
+    board.post("401")
+    monkeypatch.setattr(leaderboard, "MAX_CHECK_BYTES", 200)
+    with pytest.raises(race.LeaderboardError, match=r"MiB, over the 0 MiB a student's board reads: not published"):
+        board.publish()
+    assert not list(folder.glob(".checked-*"))
+    monkeypatch.undo()
+    published = board.publish()
+    published.write_text(published.read_text()[:40])  # cut short
+    accepted, rejected = board.read()
+    assert [entry["run_id"] for entry in accepted] == ["401"]  # this user reads the record itself
+    assert any(name == ".checked-*" and published.name in why and "not JSON" in why for name, why in rejected), rejected
