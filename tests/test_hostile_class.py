@@ -154,7 +154,8 @@ dlokit.use_profile("local")
 table = analysis.runs_table([job]).set_index("run_id")
 others = analysis.runs_table().set_index("run_id")
 accepted, rejected = race.Leaderboard().read()
-print(json.dumps({"state": table.loc[job, "state"], "steps": int(table.loc[job, "steps"] or 0),
+compared = analysis.compare_runs({"mine": [job], "planted": ["huge", "link"]}, metric="steps")
+print(json.dumps({"compared": dict(zip(compared["arm"], compared["state"].astype(str))),"state": table.loc[job, "state"], "steps": int(table.loc[job, "steps"] or 0),
                   "others": {run_id: str(state) for run_id, state in others["state"].items()},
                   "history": [run.run_id for run in race.history(job).segments],
                   "overlaps": analysis.overlap.overlapping([job])[job],
@@ -169,6 +170,7 @@ def test_every_view_returns_names_the_bad_files_and_keeps_the_honest_results(tau
     ann = run_as(ANN, folder, STUDENT_VIEWS, jobs[ANN])
     assert ann["state"] == "completed" and ann["steps"] >= 1 and ann["check"] == "passed", ann
     assert ann["history"] == [jobs[ANN]], ann  # bob's `<id>.r1` is not a segment of ann's job
+    assert ann["compared"]["mine"] == "completed" and "unreadable" in ann["compared"]["planted"], ann["compared"]
     others = ann["others"]
     assert others["huge"].startswith("unreadable") and "over the" in others["huge"], others
     assert "symbolic link" in others["link"] and "not UTF-8" in others["utf"], others

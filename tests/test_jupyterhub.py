@@ -174,12 +174,12 @@ def student_session(page, hub):
 
     # the job ran on its own: its record carries its own id, not the notebook server's; it is in the class's
     # folder, group-writable (the server's umask), where the leaderboard and the class report read it
-    records = hub["runs"] / job_id / "rank0"
+    records = next(hub["runs"].glob(f"{job_id}@*"), hub["runs"] / job_id) / "rank0"  # <id>@<cluster>
     assert (records / "summary.json").is_file(), f"no run record; the job's logs:\n{job_logs(hub['home'])}"
     record = json.loads((records / "run.json").read_text())
     summary = json.loads((records / "summary.json").read_text())
     assert job_id != server_job
-    assert record["run_id"] == job_id and record["world_size"] == 1, record
+    assert record["run_id"] == records.parent.name and record["run_id"].split("@")[0] == job_id and record["world_size"] == 1, record
     assert summary["status"] == "completed", summary
     # the queue reads the job's end from the run; slurmdbd's record of it can lag a few seconds behind
     ended = wait_until(lambda: accounted(job_id, past=("PENDING", "RUNNING")), 30, "the job's end in Slurm's accounting")

@@ -206,7 +206,7 @@ def test_a_job_that_loses_a_node_ends_node_fail_and_resumes_from_its_checkpoint(
     (not requeued); node2 comes back (restart.sh) and a new job goes on from the last checkpoint."""
     command = classifier(tiny_images, "--epochs 6")
     victim = submit(f"{command} --checkpoint-steps 3", n_gpu=2, name="victim", gpus_per_node=1)
-    metrics = Path(dlokit.current_profile().runs) / victim / "rank0" / "metrics.jsonl"
+    metrics = jobs.find_card(victim).run_dir / "rank0" / "metrics.jsonl"
     wait_for(lambda: '"checkpoint_saved"' in (metrics.read_text() if metrics.exists() else ""), 240,
              "the first checkpoint")
     [row] = dlokit.job_table("victim").to_dict("records")

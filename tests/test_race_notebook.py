@@ -130,7 +130,7 @@ def test_race_notebook_on_local_slurm(isolated, slurm_cluster):
     results, probe, text = execute({**TINY, "PROFILE": "local-slurm", "BEGIN": "now"}, isolated)
     check_race(results, probe, "local-slurm")
     assert probe["begin"] == "now"
-    batch = next((isolated / "jobs").rglob(f"{probe['board'][0]['run_id']}_submission.sh"), None)
+    batch = next((isolated / "jobs").rglob(f"{probe['board'][0]['run_id'].split('@')[0]}_submission.sh"), None)
     assert batch is not None and "#SBATCH --begin=now" in batch.read_text().splitlines()
 
 

@@ -61,7 +61,7 @@ def test_image_ddp_killed_by_scancel_resumes_from_its_checkpoint(on_slurm, tiny_
               "--batch-size 4 --epochs 3 --num-workers 0 --print-every 1")
     [first] = dlokit.gpu_jobs_submitter(f"{common} --checkpoint-steps 2", n_gpu=2, name="victim",
                                         time_max="00:05:00")
-    metrics = Path(dlokit.current_profile().runs) / first / "rank0" / "metrics.jsonl"
+    metrics = dlokit.submission.jobs.find_card(first).run_dir / "rank0" / "metrics.jsonl"
     deadline = time.time() + 240
     while '"checkpoint_saved"' not in (metrics.read_text() if metrics.exists() else ""):
         assert time.time() < deadline and not dlokit.job_outcome(first).finished, "no checkpoint was written"
@@ -70,7 +70,7 @@ def test_image_ddp_killed_by_scancel_resumes_from_its_checkpoint(on_slurm, tiny_
     assert dlokit.wait(first, timeout_s=120)[0].state == "CANCELLED"
     saved = [json.loads(line) for line in metrics.read_text().splitlines() if '"checkpoint_saved"' in line]
 
-    run_dir = Path(dlokit.current_profile().runs) / first
+    run_dir = dlokit.submission.jobs.find_card(first).run_dir
     [second] = dlokit.gpu_jobs_submitter(f"{common} --resume {run_dir}", n_gpu=2, name="resumed",
                                          time_max="00:05:00")
     [outcome] = dlokit.wait(second, timeout_s=300)

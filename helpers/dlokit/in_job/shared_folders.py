@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 import stat
 from pathlib import Path
+
+from . import untrusted
 
 OPEN_TO_ALL = 0o1777
 PRIVATE = 0o700
@@ -25,11 +26,7 @@ class FolderError(PermissionError):
 
 
 def _owner(path: Path) -> str:
-    uid = path.stat().st_uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+    return untrusted.user_name(path.stat().st_uid)
 
 
 def _make(path: Path, mode: int, what: str, fix: str) -> None:

@@ -75,13 +75,6 @@ def write_json(folder: Path, name: str, value) -> Path:
         tmp.unlink(missing_ok=True)
 
 
-def owner_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
 def trusted_uids(folder: Path) -> set[int]:
     """Who may publish what every student then reads: root, the folder's owner, and in a class folder (setgid)
     the members of its group."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..in_job import shared_folders
+from ..in_job import shared_folders, untrusted
 from . import board_files
 from ..submission.jobs import RUN_ID_PATTERN
 from ..submission.jobspec import NAME_PATTERN
@@ -123,7 +123,7 @@ class Leaderboard:
         may post it."""
         run = self.runs_dir / str(job_id)
         if run.is_dir() and run.stat().st_uid != os.getuid():
-            raise LeaderboardError(f"run {job_id} belongs to {board_files.owner_name(run.stat().st_uid)}, not to "
+            raise LeaderboardError(f"run {job_id} belongs to {untrusted.user_name(run.stat().st_uid)}, not to "
                                    "you: you can post only your own runs")
         return self.write(self.entry(job_id, nickname))
 
@@ -148,7 +148,7 @@ class Leaderboard:
             shared_folders.shared_top(folder, "the race's leaderboard")  # this user's own runs: their own board
         info = folder.stat()
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise LeaderboardError(f"cannot post in {folder}: it belongs to {board_files.owner_name(info.st_uid)} "
+            raise LeaderboardError(f"cannot post in {folder}: it belongs to {untrusted.user_name(info.st_uid)} "
                                    f"(mode {stat.S_IMODE(info.st_mode):o}); {fix}")
         if info.st_uid != os.getuid() and info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
             raise LeaderboardError(f"cannot post in {folder}: anyone may remove entries from it (no sticky bit, mode "
@@ -254,8 +254,8 @@ class Leaderboard:
         except OSError:
             return f"its run record {run_id} is missing from {self.runs_dir}"
         if found.uid != owner:
-            return (f"posted by {board_files.owner_name(found.uid)}, but run {run_id} belongs to "
-                    f"{board_files.owner_name(owner)}")
+            return (f"posted by {untrusted.user_name(found.uid)}, but run {run_id} belongs to "
+                    f"{untrusted.user_name(owner)}")
         return None
 
     def _readable(self, run_id: str) -> bool:
@@ -276,7 +276,7 @@ class Leaderboard:
         for found in board_files.read_json_files(self.folder):
             if isinstance(found.value, dict) and not found.name.startswith("."):
                 by_run.setdefault(found.name, found.value.get("run_id"))
-        check = {"schema": SCHEMA, "published_at": time.time(), "by": board_files.owner_name(os.getuid()),
+        check = {"schema": SCHEMA, "published_at": time.time(), "by": untrusted.user_name(os.getuid()),
                  "accepted": [{k: v for k, v in e.items() if k != "checked"} for e in accepted],
                  "rejected": {by_run[name]: why for name, why in rejected if isinstance(by_run.get(name), str)}}
         size = len(json.dumps(check, indent=1).encode())
@@ -284,7 +284,7 @@ class Leaderboard:
             raise LeaderboardError(f"the check would be {size / 1024 ** 2:.1f} MiB, over the {MAX_CHECK_BYTES >> 20} MiB "
                                    f"a student's board reads: not published. {len(accepted)} entries are shown; remove "
                                    "the rejected ones that bloat it (`python -m dlokit.classroom board` lists them)")
-        name = f"{CHECKED_PREFIX}{board_files.owner_name(os.getuid())}"
+        name = f"{CHECKED_PREFIX}{untrusted.user_name(os.getuid())}"
         path = board_files.write_json(self.folder, f"{name}.json", check)
         for old in self.folder.glob(f"{name}.*.json"):  # written earlier past a squatted name: this one replaces them
             if old != path and old.lstat().st_uid == os.getuid():
