@@ -209,8 +209,9 @@ class Instrument(Peers):
 
     # ---- what really ran --------------------------------------------------------------------------
 
-    def observe_once(self, t, *, phase, images, targets, logits, pinned: bool) -> None:
-        """First step only: what the script really did (not what the options asked), for the check cells."""
+    def observe_once(self, t, *, phase, loaded, images, targets, logits) -> None:
+        """First step only: what the script really did (not what the options asked), for the check cells.
+        `loaded`: the (images, labels) the loader gave; `t.moves` watched the model's set-up and this step's h2d."""
         if self.observed is not None:
             return
         model, raw_model, loader, sampler = t.model, t.raw_model, t.data.train_loader, t.data.shard_sampler
@@ -223,6 +224,7 @@ class Instrument(Peers):
         workers = getattr(loader, "num_workers", None)
         self.observed = {
             "device": str(images.device), "model_device": str(next(raw_model.parameters()).device),
+            "model_to_device": t.moves.moved(raw_model.parameters()), "batch_to_device": t.moves.moved(loaded),
             "amp_dtype": str(logits.dtype).replace("torch.", ""), "grad_scaler": t.scaler.is_enabled(),
             "channels_last_input": images.is_contiguous(memory_format=torch.channels_last),
             "channels_last_weights": first_conv is not None and
@@ -241,7 +243,7 @@ class Instrument(Peers):
             "loader_pin_memory": getattr(loader, "pin_memory", None),
             "loader_prefetch_factor": getattr(loader, "prefetch_factor", None),
             "loader_persistent_workers": getattr(loader, "persistent_workers", None),
-            "batch_pinned": pinned, "non_blocking": t.data.non_blocking,
+            "batch_pinned": loaded[0].is_pinned(), "non_blocking": t.data.non_blocking,
             "augment": (["randaugment"] if randaugment else []) +
                        ([n for n in augmentations(t.args.augment) if n in ("mixup", "cutmix")] if mixed else []),
             "augment_on_device": mixed,
@@ -251,6 +253,7 @@ class Instrument(Peers):
             "tf32": tf32_enabled(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         }
+        t.moves.forget()
         self.record.amend(observed=self.observed)
         self.record.log("event", event="observed", **self.observed)
 
