@@ -172,7 +172,8 @@ class Instrument(Peers):
             loss = info.get("loss", self.last_metrics.get("loss", float("nan")))
             note = self.diverging(info.get("loss"), step=timing.step)
             self.say(f"step {timing.step:5d}/{self.total_steps} | epoch {info['epoch'] + 1} | "
-                     f"loss {loss:.4f} acc {info.get('acc', self.last_metrics.get('acc', float('nan'))):.3f} | lr {info['lr']:.4f} | "
+                     f"loss {loss:.4f} acc {info.get('acc', self.last_metrics.get('acc', float('nan'))):.3f} | "
+                     f"lr {info['lr']:.4f} | "
                      f"{samples / whole:.0f} img/s (compute {samples / t_step:.0f}) | "
                      f"data {splits['data'] * 1e3:.1f} ms step {t_step * 1e3:.1f} ms"
                      + (" [breakdown]" if timing.breakdown and self.clock.overlap else "")
