@@ -110,10 +110,13 @@ def test_day1_queue_widget_renders_live_in_jupyterlab(jupyterlab):
 
 
 def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
-    """Day 1's TP1.1 text links the student's script: a click opens it in JupyterLab's editor, at the root the
-    README's command serves (the repository: notebooks/ and tp_scripts/ side by side)."""
+    """Day 1's TP1.1 text links the student's script: a click opens it in JupyterLab's editor at the TODO's first
+    line, at the root the README's command serves (the repository: notebooks/ and tp_scripts/ side by side)."""
     from playwright.sync_api import sync_playwright
 
+    from dlokit.material.edit_links import todo_lines
+
+    first = todo_lines(REPO / "tp_scripts" / "train_classifier.py", "TP1.1")[0]
     url, token = jupyterlab
     with sync_playwright() as playwright:
         page = new_page(playwright)
@@ -125,9 +128,10 @@ def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
         page.wait_for_selector(".lm-TabBar-tab.lm-mod-current:has-text('train_classifier.py')", timeout=60_000)
         editor = page.wait_for_selector(".jp-FileEditor .cm-content", timeout=60_000)
         page.wait_for_function("() => document.querySelector('.jp-FileEditor .cm-content').innerText"
-                               ".includes('YOUR COPY of train_classifier.py')", timeout=30_000)
+                               ".includes('TODO TP1.1: the weights must live')", timeout=30_000)
+        page.wait_for_selector(f".jp-StatusBar-Widget :text('Ln {first}, Col 1')", timeout=30_000)  # the cursor
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-edit-link.png"), full_page=False)
-        assert "train_classifier.py" in editor.inner_text()
+        assert "TODO TP1.1" in editor.inner_text()
         page.context.browser.close()
 
 

@@ -75,7 +75,8 @@ def in_runs(records, tmp_path, monkeypatch):
 
 def test_solution_passes_every_day1_check(in_runs):
     assert checks.completed(["sol-base"]).passed
-    assert checks.on_device(["sol-base", "sol-fast"]).passed
+    placement = checks.on_device(["sol-base", "sol-fast"])
+    assert placement.status == checks.PASSED and "moved the weights and every batch" in placement.message, placement
     result = checks.amp("sol-base", ["sol-fast"])
     assert result.passed, result
     assert "bfloat16" in " ".join(result.details)
@@ -110,6 +111,8 @@ def test_solution_is_never_failed_here(in_runs):
 
 
 def test_student_script_fails_day1_checks_with_advice(in_runs):
+    placement = checks.on_device(["stu-fast"])  # on a CPU too: the .to(device) calls were watched
+    assert placement.status == checks.FAILED and "never moved its model and its batch" in placement.message
     amp = checks.amp("sol-base", ["stu-fast"])
     assert not amp.passed and "float32" in amp.message and "autocast" in amp.message
     layout = checks.channels_last(["stu-fast"])

@@ -303,8 +303,8 @@ def test_repository_student_material_is_up_to_date():
 
 
 def test_edit_links_follow_the_todo_lines(tmp_path):
-    """A notebook's ✏️ link names the lines of its TODO in the student file; the build keeps them true, check
-    lists them when they are not, and a link to a TODO the file does not hold is an error."""
+    """A notebook's ✏️ link opens the student file at its TODO's first line and names its lines; the build keeps
+    them true, check lists them when they are not, and a link to a TODO the file does not hold is an error."""
     from dlokit.material import edit_links
 
     (tmp_path / "tp_scripts").mkdir()
@@ -312,15 +312,15 @@ def test_edit_links_follow_the_todo_lines(tmp_path):
     script.write_text("import torch\n\n    # TODO TP9.1\nx = 1\n    # TODO TP9.1\n")
     (tmp_path / "notebooks").mkdir()
     notebook = tmp_path / "notebooks" / "day9.ipynb"
-    link = "✏️ [tp_scripts/train.py](../tp_scripts/train.py): `TODO TP9.1`"
-    notebook.write_text(json.dumps({"cells": [{"cell_type": "markdown", "metadata": {}, "source": [f"## TP9.1\n\n{link}"]}],
+    link = "✏️ [tp_scripts/train.py](../tp_scripts/train.py{}): `TODO TP9.1`"
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "markdown", "metadata": {}, "source": [f"## TP9.1\n\n{link.format('')}"]}],
                                     "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n")
     assert edit_links.stale_links(tmp_path) == [f"{notebook}: an edit link's line numbers are out of date"]
     assert edit_links.refresh(tmp_path) == [notebook]
-    assert f"{link}, lines 3, 5" in notebook.read_text() and edit_links.stale_links(tmp_path) == []
+    assert f"{link.format('#line=2')}, lines 3, 5" in notebook.read_text() and edit_links.stale_links(tmp_path) == []
     script.write_text("# a line more\n" + script.read_text())  # the TODOs moved down
     assert edit_links.stale_links(tmp_path) and edit_links.refresh(tmp_path) == [notebook]
-    assert f"{link}, lines 4, 6" in notebook.read_text()
+    assert f"{link.format('#line=3')}, lines 4, 6" in notebook.read_text()
     script.write_text("import torch\n")
     with pytest.raises(ValueError, match="holds no `TODO TP9.1`"):
         edit_links.refresh(tmp_path)

@@ -52,6 +52,7 @@ from common.rank_sums import epoch_sums, mean_over_ranks
 from common.report import report
 from common.run_data import build_mixer, shard_data, synthetic_data, worker_options
 from common.run_start import open_records
+from common.device_moves import DeviceMoves
 from common.storage_formats import open_image_data
 from common.tracking import start_tracking, stop_tracking
 from common.train_options import augmentations, parse_args
@@ -71,7 +72,9 @@ def main(argv=None) -> int:
     if len(data.train_loader) == 0:
         return fail(env.rank, f"{args.data}: fewer training images per process than --batch-size "
                               f"{args.batch_size} (and --drop-last is on)")
-    model, raw_model, watch = build_model(args, data.num_classes, device, env.world_size)
+    moves = DeviceMoves()
+    with moves:
+        model, raw_model, watch = build_model(args, data.num_classes, device, env.world_size)
     epochs, total_steps = plan_steps(args, len(data.train_loader))
     warmup = warmup_steps(args, len(data.train_loader))
     if warmup >= total_steps and not args.lr_finder:
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
                  criterion=nn.CrossEntropyLoss(label_smoothing=args.label_smoothing), optimizer=optimizer,
                  scheduler=scheduler, scaler=build_scaler(args, device), amp_dtype=AMP_DTYPES[args.amp],
                  epochs=epochs, total_steps=total_steps, steps_per_epoch=len(data.train_loader), lr_peak=lr_peak,
-                 watch=watch)
+                 watch=watch, moves=moves)
     try:
         start = restore(t)
     except CheckpointError as error:
@@ -251,8 +254,8 @@ def train_epoch(t: Training, ins: Instrument, epoch: int, first_batch: int, befo
 def train_step(t: Training, ins: Instrument, images, labels):
     """One optimisation step on one batch: (loss, hits) as tensors on the device (nothing waits), batch size."""
     args, model = t.args, getattr(t.model, "_orig_mod", t.model)  # compiled: the model inside (DDP's no_sync)
-    pinned = images.is_pinned()
-    with phase(ins, "h2d"):
+    loaded = (images, labels)  # as the loader gave them
+    with phase(ins, "h2d"), t.moves if ins.observed is None else contextlib.nullcontext():
         # TODO TP1.1: move the batch to the device (non_blocking: overlap the copy with compute)
         pass
     targets = labels
@@ -275,7 +278,7 @@ def train_step(t: Training, ins: Instrument, images, labels):
         t.optimizer.step()
         t.scheduler.step()
     logits = torch.cat(outputs)
-    ins.observe_once(t, phase=phase, images=images, targets=targets, logits=logits, pinned=pinned)
+    ins.observe_once(t, phase=phase, images=images, targets=targets, logits=logits, loaded=loaded)
     hits = (logits.argmax(dim=1) == labels).sum()  # against the true labels, mixed batch or not
     return loss.detach(), hits, len(labels)
 

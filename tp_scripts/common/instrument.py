@@ -43,11 +43,13 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dlokit.in_job.divergence import diverging
 from dlokit.in_job.energy import HostEnergyMeter, process_started_unix
 from dlokit.in_job.jobenv import EXIT_PEER_FAILED, EXIT_REQUEUE
 from dlokit.in_job.measure import EnergyMeter, StepClock, peak_gpu_memory_mb, peak_rss_mb, tf32_enabled
@@ -79,6 +81,8 @@ class Instrument(Peers):
         self.folder = self.record.folder.parent  # <runs_dir>/<run_id>: checkpoint and profiler traces go here
         self.device, self.say = device, say
         self.total_steps, self.print_every = total_steps, print_every
+        self.diverging = partial(diverging, num_classes=config.get("num_classes"),
+                                 warmup_steps=config.get("warmup_steps"), lr_peak=config.get("lr_peak"))
         self.warmup_until = start_step + TIMING_WARMUP_STEPS
         self.clock = StepClock(device, breakdown_every=breakdown_every, first_breakdown=self.warmup_until + 1)
         self.energy = EnergyMeter(device)
@@ -165,12 +169,15 @@ class Instrument(Peers):
                                "breakdown": timing.breakdown, "after_breakdown": timing.after_breakdown})
         self._sample_power()
         if timing.step % self.print_every == 0 or timing.step == self.total_steps:
+            loss = info.get("loss", self.last_metrics.get("loss", float("nan")))
+            note = self.diverging(info.get("loss"), step=timing.step)
             self.say(f"step {timing.step:5d}/{self.total_steps} | epoch {info['epoch'] + 1} | "
-                     f"loss {info.get('loss', self.last_metrics.get('loss', float('nan'))):.4f} "
-                     f"acc {info.get('acc', self.last_metrics.get('acc', float('nan'))):.3f} | lr {info['lr']:.4f} | "
+                     f"loss {loss:.4f} acc {info.get('acc', self.last_metrics.get('acc', float('nan'))):.3f} | "
+                     f"lr {info['lr']:.4f} | "
                      f"{samples / whole:.0f} img/s (compute {samples / t_step:.0f}) | "
                      f"data {splits['data'] * 1e3:.1f} ms step {t_step * 1e3:.1f} ms"
-                     + (" [breakdown]" if timing.breakdown and self.clock.overlap else ""))
+                     + (" [breakdown]" if timing.breakdown and self.clock.overlap else "")
+                     + (f" | {note}" if note else ""))
 
     def _sample_power(self) -> None:
         now = time.monotonic()
@@ -209,8 +216,9 @@ class Instrument(Peers):
 
     # ---- what really ran --------------------------------------------------------------------------
 
-    def observe_once(self, t, *, phase, images, targets, logits, pinned: bool) -> None:
-        """First step only: what the script really did (not what the options asked), for the check cells."""
+    def observe_once(self, t, *, phase, loaded, images, targets, logits) -> None:
+        """First step only: what the script really did (not what the options asked), for the check cells.
+        `loaded`: the (images, labels) the loader gave; `t.moves` watched the model's set-up and this step's h2d."""
         if self.observed is not None:
             return
         model, raw_model, loader, sampler = t.model, t.raw_model, t.data.train_loader, t.data.shard_sampler
@@ -223,6 +231,7 @@ class Instrument(Peers):
         workers = getattr(loader, "num_workers", None)
         self.observed = {
             "device": str(images.device), "model_device": str(next(raw_model.parameters()).device),
+            "model_to_device": t.moves.moved(raw_model.parameters()), "batch_to_device": t.moves.moved(loaded),
             "amp_dtype": str(logits.dtype).replace("torch.", ""), "grad_scaler": t.scaler.is_enabled(),
             "channels_last_input": images.is_contiguous(memory_format=torch.channels_last),
             "channels_last_weights": first_conv is not None and
@@ -241,7 +250,7 @@ class Instrument(Peers):
             "loader_pin_memory": getattr(loader, "pin_memory", None),
             "loader_prefetch_factor": getattr(loader, "prefetch_factor", None),
             "loader_persistent_workers": getattr(loader, "persistent_workers", None),
-            "batch_pinned": pinned, "non_blocking": t.data.non_blocking,
+            "batch_pinned": loaded[0].is_pinned(), "non_blocking": t.data.non_blocking,
             "augment": (["randaugment"] if randaugment else []) +
                        ([n for n in augmentations(t.args.augment) if n in ("mixup", "cutmix")] if mixed else []),
             "augment_on_device": mixed,
@@ -251,6 +260,7 @@ class Instrument(Peers):
             "tf32": tf32_enabled(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         }
+        t.moves.forget()
         self.record.amend(observed=self.observed)
         self.record.log("event", event="observed", **self.observed)
 

@@ -53,6 +53,7 @@ class Training:
     lr_peak: float | None = None  # the schedule's peak learning rate, for the record
     profiler: object = None
     watch: object = None          # fit_harness.StepWatch under --grad-accum/--activation-checkpointing: what ran
+    moves: object = None          # device_moves.DeviceMoves: what .to(device) moved (TP1.1), till the first step
     checkpoint_path: Path | None = None
     step: int = 0                 # progress, for the report
     epochs_done: int = 0

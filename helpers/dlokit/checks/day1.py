@@ -13,7 +13,8 @@ from dlokit.analysis.profiler import profiler_steps, read_trace, span_names, tra
 from dlokit.analysis.table import as_number
 
 from .framework import FAILED, PASSED, check, failed, from_parts, not_applicable, part, passed, same_computation
-from .records import arms_by, compare_text, effect_part, hardware_words, load_completed, memory_key, observed
+from .records import (arms_by, compare_text, divergence, effect_part, hardware_words, load_completed, memory_key,
+                      observed)
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -28,7 +29,13 @@ def completed(job_ids):
     details = [f"run {r.run_id}: {r.summary.get('steps')} steps, "
                f"{as_number(r.summary.get('throughput_train')) or float('nan'):.1f} img/s on "
                f"{observed(r).get('device', '?')}" for r in runs]
-    return passed(f"{len(runs)} run(s) completed", details)
+    return passed(*with_divergence(f"{len(runs)} run(s) completed", runs, details))
+
+
+def with_divergence(message: str, runs, details) -> tuple[str, list]:
+    """(message, details) naming the runs whose loss was above chance after the warm-up: the first in the message."""
+    notes = [note for note in map(divergence, runs) if note]
+    return message + (f", but {notes[0]}" if notes else ""), notes[1:] + list(details)
 
 
 @check("TP1.1 model and batches on the device")
@@ -115,8 +122,8 @@ def amp(baseline_ids, amp_ids):
         "speed", "amp", bases, arms_by(runs, "amp"), on_gpu_run=any(r.on_gpu for r in runs),
         what="{label} against fp32", gpu_failure="the dtype is right but the step did not get faster "
         "than the fp32 baseline: is the batch big enough to keep the tensor cores busy?")
-    return from_parts([code, effect], "16-bit compute observed" + (
-        "" if effect is None or effect.status != PASSED else ", and the step got faster"), details)
+    return from_parts([code, effect], *with_divergence("16-bit compute observed" + (
+        "" if effect is None or effect.status != PASSED else ", and the step got faster"), runs, details))
 
 
 def memory_text(run, base) -> str:

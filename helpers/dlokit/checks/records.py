@@ -6,6 +6,8 @@ import math
 from dlokit.analysis import stats
 from dlokit.analysis.compare import STEP_METRICS
 from dlokit.analysis.table import as_number
+from dlokit.in_job.divergence import diverging
+from dlokit.in_job.runrecord import is_number
 
 from .framework import CheckResult, failed
 
@@ -99,6 +101,18 @@ def load_with_optional_baseline(job_ids, baseline_id=None):
         return runs, None, problem
     base, base_problem = load_baseline(baseline_id)
     return runs, None if base_problem else base, None
+
+
+def divergence(run) -> str | None:
+    """'run …: diverging: loss … at step …' when the run's last step line with a loss is above chance after the
+    warm-up, the rule its step lines were printed with (dlokit.in_job.divergence); else None."""
+    lines = [m for m in run.rank0["metrics"] if m.get("kind") == "step" and is_number(m.get("loss"))]
+    if not lines:
+        return None
+    last = lines[-1]
+    note = diverging(float(last["loss"]), step=last.get("step", 0), num_classes=run.config.get("num_classes"),
+                     warmup_steps=run.config.get("warmup_steps"), lr_peak=as_number(run.config.get("lr_peak")))
+    return note and f"run {run.run_id}: {note}"
 
 
 def observed(run) -> dict:

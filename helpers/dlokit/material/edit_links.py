@@ -1,11 +1,13 @@
 """The notebooks' links to the file a student edits, with the lines of its TODOs, kept true by the build.
 
-A TP's text says where to edit with a link JupyterLab opens (JupyterLab's root is the repository, README):
+A TP's text says where to edit with a link JupyterLab opens in its editor at the first TODO (JupyterLab's root is
+the repository, README):
 
-    ✏️ [tp_scripts/train_classifier.py](../tp_scripts/train_classifier.py): `TODO TP1.1`, lines 278, 446
+    ✏️ [tp_scripts/train_classifier.py](../tp_scripts/train_classifier.py#line=277): `TODO TP1.1`, lines 278, 446
 
-`python -m dlokit.material build` rewrites the line numbers from the student file (`lines …` is the build's part
-of the text), `check` lists a link whose lines are out of date, and one that names a TODO the file does not hold.
+`python -m dlokit.material build` rewrites the line numbers from the student file (the fragment and `lines …` are
+the build's part of the text), `check` lists a link whose lines are out of date, and one that names a TODO the
+file does not hold. Once a student's own edits have moved the lines, the link text names the TODO to search for.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from pathlib import Path
 
 from dlokit.material.markers import todo_pattern
 
-LINK = re.compile(r"✏️ \[(?P<label>[^\]\n]+)\]\((?P<href>\.\./[\w/.-]+\.py)\): `TODO (?P<tp>TP\d+\.\d+)`"
-                  r"(?P<lines>, lines? [\d, ]+)?")
+LINK = re.compile(r"✏️ \[(?P<label>[^\]\n]+)\]\((?P<href>\.\./[\w/.-]+\.py)(?:#line=\d+)?\): "
+                  r"`TODO (?P<tp>TP\d+\.\d+)`(?P<lines>, lines? [\d, ]+)?")
 
 
 def todo_lines(script: Path, tp: str) -> list[int]:
@@ -33,7 +35,8 @@ def _rewrite(text: str, notebook: Path, problems: list[str]) -> str:
             problems.append(f"{notebook.name}: {match['href']} holds no `TODO {match['tp']}`")
             return match[0]
         said = f", line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}"
-        return f"✏️ [{match['label']}]({match['href']}): `TODO {match['tp']}`{said}"
+        # JupyterLab 4's file editor reads #line=N as RFC 5147 does, the place after N lines: line L is #line=L-1
+        return f"✏️ [{match['label']}]({match['href']}#line={lines[0] - 1}): `TODO {match['tp']}`{said}"
 
     return LINK.sub(fill, text)
 

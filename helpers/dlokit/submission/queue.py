@@ -14,6 +14,7 @@ import time
 import pandas as pd
 import psutil
 
+from ..in_job import divergence
 from . import devices, jobs
 from .jobspec import format_seconds
 from .profiles import current_profile
@@ -344,6 +345,7 @@ table.dlokit-queue tbody td:last-child, table.dlokit-queue thead th:last-child {
 .dlokit-state-RUNNING, .dlokit-state-COMPLETED { color: #1a7f37; font-weight: bold; }
 .dlokit-state-PENDING, .dlokit-state-CONFIGURING { color: #9a6700; font-weight: bold; }
 .dlokit-state-NO_ANSWER { color: #cf222e; font-weight: bold; }
+.dlokit-diverging { color: #cf222e; }
 .dlokit-state-EXPECTED { color: #0969da; font-weight: bold; }
 .dlokit-state-FAILED, .dlokit-state-TIMEOUT, .dlokit-state-OUT_OF_MEMORY, .dlokit-state-NODE_FAIL,
 .dlokit-state-UNKNOWN { color: #cf222e; font-weight: bold; }
@@ -364,7 +366,11 @@ def _said(row) -> str:
         reason = f'<span title="{detail}">{reason}</span>'
     if _text(getattr(row, "expected", "")):
         reason = f"failed as expected ({_text(row.expected)})"
-    return "<br>".join(text for text in (reason, _text(row.last_log_line)) if text)
+    line = _text(row.last_log_line)
+    if divergence.WORD in line:  # the script's own judgement of its step (dlokit.in_job.divergence), on its own line
+        line, word, note = line.partition(divergence.WORD)
+        line = f'{line.rstrip(" |")}<br><span class="dlokit-diverging">{word}{note}</span>'
+    return "<br>".join(text for text in (reason, line) if text)
 
 
 def _state_cell(row) -> str:
