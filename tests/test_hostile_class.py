@@ -154,7 +154,7 @@ dlokit.use_profile("local")
 table = analysis.runs_table([job]).set_index("run_id")
 others = analysis.runs_table().set_index("run_id")
 accepted, rejected = race.Leaderboard().read()
-compared = analysis.compare_runs({"mine": [job], "planted": ["huge", "link"]}, metric="steps")
+compared = analysis.compare_runs({"mine": [job], "planted": ["huge", "link"]}, metric="steps").table
 print(json.dumps({"compared": dict(zip(compared["arm"], compared["state"].astype(str))),"state": table.loc[job, "state"], "steps": int(table.loc[job, "steps"] or 0),
                   "others": {run_id: str(state) for run_id, state in others["state"].items()},
                   "history": [run.run_id for run in race.history(job).segments],
