@@ -759,3 +759,15 @@ def test_a_comparison_shows_each_number_to_what_its_interval_supports(tmp_path):
     assert places <= 2 and shown.loc["a", "throughput_compute"] == f"{value:.{places}f}"
     assert shown.loc["a", "throughput_compute"] in comparison._repr_mimebundle_()["text/plain"]
     assert stats.decimals(1.0, 1.0) is None and stats.decimals(100, 140) == 0 and stats.decimals(1.12, 1.47) == 2
+
+
+def test_the_dashboards_legends_cover_no_data(runs_dir):
+    figure = analysis.dashboard("1003", runs_dir)
+    figure.canvas.draw()
+    for ax in figure.axes[:2]:  # the time split (stacked areas) and the throughput (lines)
+        box = ax.get_legend().get_window_extent()
+        points = [line.get_xydata() for line in ax.lines] + \
+                 [path.vertices for area in ax.collections for path in area.get_paths()]
+        for data in points:
+            shown = ax.transData.transform(data[np.isfinite(data).all(axis=1)])
+            assert not any(box.contains(x, y) for x, y in shown), ax.get_title()

@@ -135,6 +135,34 @@ def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
         page.context.browser.close()
 
 
+def test_a_notebook_opened_is_not_marked_modified(jupyterlab):
+    """Opening a day's notebook and starting its kernel changes nothing a student would be asked to save: the
+    notebooks carry the kernel's spec and language info (JupyterLab writes the kernel's into the metadata as it
+    starts, and a notebook whose metadata changed is marked modified). The info holds the Python version, so a
+    kernel of another patch release marks it modified still."""
+    import platform
+
+    from playwright.sync_api import sync_playwright
+
+    shipped = json.loads(DAY1.read_text())["metadata"]["language_info"]["version"]
+    if platform.python_version() != shipped:
+        pytest.skip(f"the notebooks' language_info says Python {shipped}, this kernel runs "
+                    f"{platform.python_version()}: JupyterLab marks them modified as it writes its own")
+
+    url, token = jupyterlab
+    with sync_playwright() as playwright:
+        page = new_page(playwright)
+        page.goto(f"{url}/lab/tree/notebooks/{DAY1.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.wait_for_timeout(3000)  # the kernel's info reaches the notebook's metadata
+        tab = page.locator(f".lm-TabBar-tab:has-text('{DAY1.name}')").first
+        dirty = "jp-mod-dirty" in (tab.get_attribute("class") or "")
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-opened.png"), full_page=False)
+        page.context.browser.close()
+    assert not dirty, "Day 1 is marked modified as soon as it opens"
+
+
 PROGRESS = """import sys, time
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
 for step in range(1, steps + 1):

@@ -141,3 +141,13 @@ def test_a_job_that_ends_between_two_refreshes_still_shows_its_last_line(workspa
     printed = capsys.readouterr().out
     assert "how they ended" in printed and "COMPLETED" in printed and "step 3/3 loss 0.767" in printed, printed
     assert printed.rstrip().endswith("no job left in the queue"), printed
+
+
+def test_a_device_held_by_another_notebooks_job_says_so():
+    import getpass
+
+    from dlokit.submission import queue
+
+    note = {"user": getpass.getuser(), "name": "alice", "pid": 4242}
+    assert queue._holder(note, {}, "alice") == "your job alice from another notebook (pid 4242)"
+    assert queue._holder({**note, "user": "bob"}, {}, "alice") == "bob's job alice"

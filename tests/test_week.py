@@ -230,3 +230,13 @@ def test_day4_without_day1_says_so_and_computes_in_fp32(workspace):
     fourth = llm_day("bob")
     assert "from Day 1: nothing saved yet" in fourth.describe() and "on train_llm.py" not in fourth.describe()
     assert llm_args(fourth.command("fsdp")).dtype == "fp32"
+
+
+def test_a_machine_without_a_gpu_names_its_devices_cpu_processes(workspace, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    first = day()
+    assert first.device == "CPU process" and "GPU(s)" not in first.describe()
+    assert "CPU process" in first.describe() and "(no GPU here: each stands for one)" in first.describe()

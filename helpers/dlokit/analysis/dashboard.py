@@ -37,9 +37,9 @@ def _plot_splits(ax, steps):
     typical = float(np.median(total)) if len(total) else 0.0
     if typical > 0 and total.max() > 3 * typical:
         ax.set_ylim(0, 1.5 * float(np.quantile(total, 0.9)))
-        ax.text(0.02, 0.97, f"warm-up steps off scale (max {total.max():.3g} s)", fontsize=7,
+        ax.text(0.02, 0.88, f"warm-up steps off scale (max {total.max():.3g} s)", fontsize=7,
                 va="top", transform=ax.transAxes)
-    ax.legend(fontsize=7, loc="upper right")
+    _legend_above_the_data(ax)
 
 
 def _plot_throughput(ax, steps):
@@ -50,7 +50,14 @@ def _plot_throughput(ax, steps):
     ax.set(title="throughput", xlabel="step", ylabel="samples/s")
     ax.set_ylim(bottom=0)
     if ax.lines:
-        ax.legend(fontsize=7)
+        _legend_above_the_data(ax)
+
+
+def _legend_above_the_data(ax):
+    """The legend on one row in headroom added above the curves, so that it covers none of them."""
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, bottom + 1.3 * (top - bottom))
+    ax.legend(fontsize=7, loc="upper right", ncol=len(ax.get_legend_handles_labels()[1]), frameon=False)
 
 
 def _per_rank(run, key):

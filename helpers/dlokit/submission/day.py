@@ -283,12 +283,27 @@ class Day:
         """describe()'s lines on what the earlier days chose."""
         return week.describe(self.recall(), self.carry_from)
 
+    @property
+    def device(self) -> str:
+        """What one rank runs on: "GPU", or "CPU process" on a local machine without one."""
+        if self.profile.backend == "local" and self.profile.gpus_per_node == "auto":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "CPU process"
+        return "GPU"
+
+    def _node_devices(self) -> str:
+        count, device = self.profile.node_gpus(), self.device
+        plural = ("es" if device.endswith("s") else "s") if count > 1 else ""
+        return f"{count} {device}{plural}" + (" (no GPU here: each stands for one)" if device != "GPU" else "")
+
     def describe(self) -> str:
         mode = "the reference SOLUTIONS" if self.solutions else "YOUR script (student mode)"
         lines = [f"profile {self.profile.name!r}: {self.profile.description}",
                  *(["every command starts from what the earlier days chose:",
                     *self.carried_lines()] if self.carry_from else []),
-                 f"  backend {self.profile.backend}, {self.profile.node_gpus()} GPU(s) (or CPU processes) per node",
+                 f"  backend {self.profile.backend}, {self._node_devices()} per node",
                  f"  training script {self.script} -> {mode}",
                  f"  data {self.data}", f"  job logs in {self.profile.logs}", f"  run records in {self.runs}"]
         if self.profile.backend == "local":

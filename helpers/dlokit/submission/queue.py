@@ -145,12 +145,13 @@ def _launcher_request(card: jobs.JobCard) -> tuple[int, list[str]] | None:
 
 
 def _holder(note: dict, mine: dict, waiting_name: str) -> str:
-    """Who holds a device, as the waiting job's owner reads it: "your job 1128-…-d3b7", "bob's job bob"."""
+    """Who holds a device, as the waiting job's owner reads it: "your job 1128-…-d3b7", "bob's job bob", or, for a
+    job of this user that another notebook (another logs folder) submitted, "your job alice from another notebook"."""
     if note.get("user") != getpass.getuser():
         return f"{note.get('user', 'another user')}'s job {note.get('name')}"
     card = mine.get(str(note.get("pid")))
     if card is None:
-        return f"your job {note.get('name')} (pid {note.get('pid')})"
+        return f"your job {note.get('name')} from another notebook (pid {note.get('pid')})"
     return f"your job {short_id(card.job_id)}" + (f" ({card.name})" if card.name != waiting_name else "")
 
 
