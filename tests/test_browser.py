@@ -135,6 +135,102 @@ def test_the_file_a_tp_edits_opens_from_its_link(jupyterlab):
         page.context.browser.close()
 
 
+TP11_TINY = {"MODEL": '"mobilenet_v3_small"', "BATCH_SIZE": "8", "STEPS": "3", "BATCH_SWEEP": "[4, 8]",
+             "TRAIN_PER_CLASS": "8"}  # the parameters cell's values for the edit test: small jobs, the same cells
+
+
+def tiny_copy(notebook: Path, values: dict) -> None:
+    """Set `values` in the parameters cell of a notebook's copy, as a student would type them."""
+    import re
+
+    content = json.loads(notebook.read_text())
+    cell = next(c for c in content["cells"] if "parameters" in c["metadata"].get("tags", []))
+    source = "".join(cell["source"])
+    for name, value in values.items():
+        source, found = re.subn(rf"^{name} = [^#\n]*?(\s*#|$)", rf"{name} = {value}\1", source, flags=re.M)
+        assert found == 1, name
+    cell["source"] = source.splitlines(keepends=True)
+    notebook.write_text(json.dumps(content, indent=1, ensure_ascii=False))
+
+
+def cell_output(page, index: int) -> str:
+    """The text of a cell's outputs ('' for a markdown cell), scrolled to: JupyterLab renders the cells in view."""
+    page.locator(".jp-Notebook .jp-Cell").nth(index).scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    return page.evaluate("i => { const out = document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
+                         ".querySelector('.jp-OutputArea'); return out ? out.innerText : ''; }", index)
+
+
+def test_a_student_fixes_tp11_in_the_editor_and_its_check_turns_green(jupyterlab, tmp_path):
+    """Issue 62's walk: Day 1 in student mode; TP1.1 untouched is ❌; the ✏️ link opens the script at the TODO; the
+    student types the two moves there and saves; re-running TP1.1's cells (not the set-up) submits the changed
+    script again and the check says ✅."""
+    from playwright.sync_api import sync_playwright
+
+    from dlokit.material.edit_links import todo_lines
+
+    url, token = jupyterlab
+    tiny_copy(tmp_path / "course" / "notebooks" / DAY1.name, TP11_TINY)
+    cells = json.loads(DAY1.read_text())["cells"]
+    source = ["".join(c["source"]) for c in cells]
+    submit = next(i for i, s in enumerate(source) if 'tp="TP1.1")' in s and "first_job = day.submit" in s)
+    scan = next(i for i, s in enumerate(source) if "sweep_jobs = day.submit(day.scan(sweep)" in s)
+    check = next(i for i, s in enumerate(source) if s.startswith("result = checks.on_device("))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        page = new_page(playwright)
+        page.set_viewport_size({"width": 1366, "height": 768})
+        page.goto(f"{url}/lab/tree/notebooks/{DAY1.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        wait_for_one_kernel(page, f"{url}/api/kernels?token={token}")
+        run_cells(page, 0, check + 1, len(cells))
+        page.wait_for_function("i => { const out = document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
+                               ".querySelector('.jp-OutputArea'); return out && /[✅❌➖]/.test(out.innerText); }",
+                               arg=check, timeout=300_000)
+        before = cell_output(page, check)
+        assert "❌" in before and "TP1.1" in before, before
+
+        page.locator(".jp-MarkdownCell a", has_text="tp_scripts/train_classifier.py").first.click()
+        page.wait_for_selector(".jp-FileEditor .cm-content", timeout=60_000)
+        first = todo_lines(REPO / "tp_scripts" / "train_classifier.py", "TP1.1")[0]
+        page.wait_for_selector(f".jp-StatusBar-Widget :text('Ln {first}, Col 1')", timeout=30_000)  # at the TODO
+        page.locator(".jp-FileEditor .cm-content").focus()
+        page.keyboard.press("End")
+        page.keyboard.press("Enter")  # the editor keeps the TODO's indentation
+        page.keyboard.type("model = model.to(device)")
+        below = todo_lines(REPO / "tp_scripts" / "train_classifier.py", "TP1.1")[1] + 2  # its `pass`, a line lower now
+        page.locator(".lm-MenuBar-itemLabel", has_text="Edit").click()  # Edit > Go to Line, as a student would
+        page.locator(".lm-Menu-itemLabel", has_text="Go to Line").click()
+        page.keyboard.type(str(below))
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f".jp-StatusBar-Widget :text('Ln {below}, Col 1')", timeout=30_000)
+        page.keyboard.press("End")
+        for _ in range(4):
+            page.keyboard.press("Backspace")
+        page.keyboard.type("images = images.to(t.device, non_blocking=t.data.non_blocking)")
+        page.keyboard.press("Enter")
+        page.keyboard.type("labels = labels.to(t.device, non_blocking=t.data.non_blocking)")
+        page.keyboard.press("Control+s")
+        page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.lm-mod-current')"
+                               ".classList.contains('jp-mod-dirty')", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-day1-tp11-edited.png"), full_page=False)
+        edited = (tmp_path / "course" / "tp_scripts" / "train_classifier.py").read_text()
+        assert "    model = model.to(device)\n" in edited and "        labels = labels.to(t.device" in edited, edited
+
+        page.locator(f".lm-TabBar-tab:has-text('{DAY1.name}')").first.click()
+        page.locator(".jp-Notebook .jp-Cell").nth(check).locator(".jp-OutputArea").evaluate("el => el.innerHTML = ''")
+        run_cells(page, submit, check + 1, len(cells))
+        page.wait_for_function("i => { const out = document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
+                               ".querySelector('.jp-OutputArea'); return out && /[✅❌➖]/.test(out.innerText); }",
+                               arg=check, timeout=300_000)
+        after, resubmitted = cell_output(page, check), cell_output(page, scan)  # the scan reuses what did not change
+        page.locator(".jp-Notebook .jp-Cell").nth(check).screenshot(path=str(ARTIFACTS / "jupyterlab-day1-tp11-green.png"))
+        page.context.browser.close()
+    assert "✅" in after and "❌" not in after, after
+    assert "changed since job" in resubmitted, resubmitted
+
+
 def test_a_notebook_opened_is_not_marked_modified(jupyterlab):
     """Opening a day's notebook and starting its kernel changes nothing a student would be asked to save: the
     notebooks carry the kernel's spec and language info (JupyterLab writes the kernel's into the metadata as it
