@@ -202,6 +202,9 @@ def test_the_class_at_a_glance_a_grid_who_is_stuck_where_and_on_what(class_of_fo
     assert max(map(len, lines)) <= 120, max(lines, key=len)
     assert lines[3].split() == ["student", "TP1.1", "TP1.2", "TP2.3", "other"]  # the grid first
     assert lines[4].split() == ["alice", "✅", "✅", "✅", "✅"] and text.index("student") < text.index("stuck (4)")
+    assert lines[1] == "✅ done  ❌ stuck  ⏳ running  · not started"  # the marks the grid shows, no ➖
+    alone = classroom.report_text(table[table["student"] == "alice"]).splitlines()
+    assert alone[1] == "✅ done" and "❌" not in "\n".join(alone)  # a class with nobody stuck shows no ❌ at all
 
     page = classroom.report_html(table, jobs=classroom.job_detail(jobs))
     assert page.index("dlokit-grid") < page.index("Stuck (4)") < page.index("Each job")

@@ -66,7 +66,8 @@ COLUMNS = ["student", "tp", "status", "stuck_on", "checks", "checks_passed", "ch
            "failed", "by_design", "running", "failures", "gpu_hours", "energy_wh", "energy"]
 TP_NAME = re.compile(r"TP\d+\.\d+")
 DONE, STUCK, NOT_APPLICABLE, RUNNING, NOT_STARTED = "✅", "❌", "➖", "⏳", "·"
-LEGEND = f"{DONE} done  {STUCK} stuck  {NOT_APPLICABLE} not applicable here  {RUNNING} running  {NOT_STARTED} not started"
+MEANINGS = {DONE: "done", STUCK: "stuck", NOT_APPLICABLE: "not applicable here", RUNNING: "running",
+            NOT_STARTED: "not started"}
 
 
 # ---- what each source says ---------------------------------------------------------------------------------
@@ -388,6 +389,12 @@ def class_grid(table: pd.DataFrame, cells: pd.Series | None = None, empty: str =
     return grid[sorted(grid.columns, key=_tp_key)].fillna(empty)
 
 
+def legend(table: pd.DataFrame) -> str:
+    """What each mark of this table's grid means, for the marks it shows: "✅ done  ➖ not applicable here"."""
+    shown = set(class_grid(table).to_numpy().ravel())
+    return "  ".join(f"{mark} {meaning}" for mark, meaning in MEANINGS.items() if mark in shown)
+
+
 def stuck(table: pd.DataFrame) -> pd.DataFrame:
     """Who is stuck where, on what: one row per student x TP marked ❌, by TP (where the class stumbles)."""
     rows = table[table["status"] == STUCK][["tp", "student", "stuck_on"]]
@@ -460,7 +467,7 @@ def report_text(table: pd.DataFrame, width: int = TEXT_WIDTH) -> str:
     student's totals (each job's detail: --html)."""
     if table.empty:
         return "no run, job or check found"
-    lines = [_headline_line(table), LEGEND, ""] + grid_lines(class_grid(table), width)
+    lines = [_headline_line(table), legend(table), ""] + grid_lines(class_grid(table), width)
     blocked = stuck(table)
     lines.append(f"stuck ({len(blocked)}):" if len(blocked) else "nobody stuck")
     lines += [_cut(f"  {row.tp:<7} {row.student:<10} {row.stuck_on}", width) for row in blocked.itertuples()]
@@ -530,7 +537,7 @@ def report_html(table: pd.DataFrame, title: str = "DLO-Kit class report", jobs: 
              f"<p>{html.escape(_headline_line(table)) if len(table) else 'no run, job or check found'}</p>"]
     if len(table):
         blocked = stuck(table)
-        parts += [f"<p>{html.escape(LEGEND)}</p>", _grid_html(table),
+        parts += [f"<p>{html.escape(legend(table))}</p>", _grid_html(table),
                   f"<h2>Stuck ({len(blocked)})</h2>",
                   blocked.to_html(index=False, classes="dlokit-class", border=0) if len(blocked) else "<p>nobody</p>"]
     if jobs is not None and len(jobs):
