@@ -285,18 +285,16 @@ class Day:
 
     @property
     def device(self) -> str:
-        """What one rank runs on: "GPU", or "CPU process" on a local machine without one."""
-        if self.profile.backend == "local" and self.profile.gpus_per_node == "auto":
-            import torch
-
-            if not torch.cuda.is_available():
-                return "CPU process"
-        return "GPU"
+        """What one rank runs on: "GPU", or "CPU process" on a local machine without one (its devices are cores)."""
+        on_cores = self.profile.backend == "local" and self.profile.gpus_per_node == "auto" and \
+            devices.machine_devices()[0].startswith("cpu")
+        return "CPU process" if on_cores else "GPU"
 
     def _node_devices(self) -> str:
-        count, device = self.profile.node_gpus(), self.device
-        plural = ("es" if device.endswith("s") else "s") if count > 1 else ""
-        return f"{count} {device}{plural}" + (" (no GPU here: each stands for one)" if device != "GPU" else "")
+        count = self.profile.node_gpus()
+        if self.device == "GPU":
+            return f"{count} GPU{'s' if count > 1 else ''}"
+        return f"{count} CPU process{'es' if count > 1 else ''} (no GPU here: each stands for one)"
 
     def describe(self) -> str:
         mode = "the reference SOLUTIONS" if self.solutions else "YOUR script (student mode)"
