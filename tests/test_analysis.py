@@ -766,6 +766,8 @@ def test_the_dashboards_legends_cover_no_data(runs_dir):
     figure.canvas.draw()
     for ax in figure.axes[:2]:  # the time split (stacked areas) and the throughput (lines)
         box = ax.get_legend().get_window_extent()
+        inside = ax.get_window_extent()
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and box.y1 <= inside.y1, ax.get_title()  # within the plot
         points = [line.get_xydata() for line in ax.lines] + \
                  [path.vertices for area in ax.collections for path in area.get_paths()]
         for data in points:

@@ -1,6 +1,8 @@
 """dashboard(run): where the step time goes, throughput, memory and energy of one run."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -53,11 +55,13 @@ def _plot_throughput(ax, steps):
         _legend_above_the_data(ax)
 
 
-def _legend_above_the_data(ax):
-    """The legend on one row in headroom added above the curves, so that it covers none of them."""
+def _legend_above_the_data(ax, per_row: int = 4):
+    """The legend in rows of `per_row` (one row of seven phases ran past the plot's left edge), in headroom added
+    above the curves, so that it covers none of them."""
+    labels = len(ax.get_legend_handles_labels()[1])
     bottom, top = ax.get_ylim()
-    ax.set_ylim(bottom, bottom + 1.3 * (top - bottom))
-    ax.legend(fontsize=7, loc="upper right", ncol=len(ax.get_legend_handles_labels()[1]), frameon=False)
+    ax.set_ylim(bottom, bottom + (1 + 0.15 * math.ceil(labels / per_row)) * (top - bottom))
+    ax.legend(fontsize=7, loc="upper right", ncol=min(labels, per_row), frameon=False)
 
 
 def _per_rank(run, key):
