@@ -485,6 +485,24 @@ def test_training_curves_name_each_run_by_what_sets_it_apart(tmp_path):
     assert "dashed with circles: validation" in figure_texts(figure)
 
 
+def test_two_ranks_without_ddp_are_not_called_a_larger_global_batch(tmp_path):
+    """Day 2's curves on the untouched script (2026-12-03): "2 rank(s), global batch 64 ... ended within noise of one
+    rank's" while each rank had trained its own model at batch 32: neither the legend nor the ending says so now."""
+    from dlokit.analysis.large_batch import curve_endings
+
+    write_run(tmp_path, "1203-000000-aaaa", batch=32, global_batch_size=32)
+    write_run(tmp_path, "1203-000000-bbbb", batch=32, world_size=2, global_batch_size=64,
+              observed={"ddp_wrapped": False, "sampler": "RandomSampler"})
+    jobs = ["1203-000000-aaaa", "1203-000000-bbbb"]
+    labels = [t.get_text() for t in analysis.training_curves(jobs, tmp_path).axes[2].get_legend().get_texts()]
+    assert labels[1] == "bbbb: 2 models apart, batch 32 each (no DDP)" and "global batch 32" in labels[0]
+    ending = curve_endings(jobs, 32, 2, runs_dir=tmp_path)
+    assert "2 rank(s), batch 32 on each of its own models" in ending and "global batch 64" not in ending
+    assert "no larger global batch to compare" in ending and "TP2.2" in ending and "within noise" not in ending
+    write_run(tmp_path, "1203-000000-cccc", batch=32, world_size=2, global_batch_size=64)  # DDP, sharded
+    assert "2 rank(s), global batch 64" in curve_endings([jobs[0], "1203-000000-cccc"], 32, 2, runs_dir=tmp_path)
+
+
 def test_epoch_times_stack_each_epochs_validation_on_its_training(tmp_path):
     recorder = RunRecorder({"batch_size": 32}, run_id="1201", runs_dir=tmp_path, script="train_classifier.py")
     for epoch, (train_s, val_s) in enumerate([(3.0, 1.0), (2.0, 2.0)]):

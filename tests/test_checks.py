@@ -224,5 +224,9 @@ def test_the_scoreboard_shows_whole_messages_and_what_next_after_a_failure(tmp_p
     assert message in shown and "TODO TP1.2 in your script" in repr(board)
     assert 'What next: 1 check(s) ❌ (TP1.2 mixed precision)' in repr(board)
     assert 'dlokit.material.compare("../tp_scripts/train.py", tp="TP1.2")' in repr(board)
+    # ... and so it is in a notebook, whose set-up cell sends every DataFrame through the kit's table (2026-12-03: the
+    # board was drawn as any frame, right-aligned, without its advice)
+    from dlokit.analysis.table import _shown
+    assert _shown(board) == shown and "What next" in shown and "dlokit-table" not in shown
     framework.RESULTS[0] = CheckResult("TP1.2 mixed precision", True, "bfloat16 logits")
     assert "What next" not in repr(checks.scoreboard())

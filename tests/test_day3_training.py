@@ -316,12 +316,15 @@ def test_validation_records_the_mean_and_spread_of_the_per_image_losses():
     assert found["val_loss_sd"] == pytest.approx(losses.std().item(), rel=1e-4)  # the sample standard deviation
 
 
-def lesson_run(runs: Path, run_id: str, optimizer: str, loss: float, sd: float | None, *, tuned=True, images=400):
-    """The record of a TP3.1 training at global batch 150 that ended at validation `loss` (per-image spread `sd`)."""
+def lesson_run(runs: Path, run_id: str, optimizer: str, loss: float, sd: float | None, *, tuned=True, images=400,
+               built: str | None = None):
+    """The record of a TP3.1 training at global batch 150 that ended at validation `loss` (per-image spread `sd`),
+    its optimiser built as `built` (a class name; default: none recorded)."""
     from dlokit.in_job.runrecord import RunRecorder
 
     config = {"optimizer": optimizer, "global_batch_size": 150, "val_images": images, "epochs": 4,
-              "lr_scaling": "sqrt" if tuned else "none", "warmup_steps": 3 if tuned else 0}
+              "lr_scaling": "sqrt" if tuned else "none", "warmup_steps": 3 if tuned else 0,
+              **({"optimizer_class": f"torch.optim.{built}"} if built else {})}
     spread = {} if sd is None else {"val_loss_sd": sd}
     with RunRecorder(config, run_id=run_id, runs_dir=runs) as recorder:
         recorder.log("val", epoch=4, step=12, val_loss=loss, val_acc=0.25, **spread)
@@ -361,6 +364,21 @@ def test_the_large_batch_lesson_is_read_from_the_interval_of_the_loss_difference
            lesson_run(tmp_path, "old-lamb", "lamb", 2.0, None)]
     shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
     assert shown["outcome"] is None and "no spread of the validation loss" in shown["text"]
+
+
+def test_no_large_batch_lesson_is_read_from_runs_that_all_built_sgd(tmp_path):
+    """The untouched TODO TP3.1 builds SGD whatever is asked (course --student, 2026-12-03: "LAMB's loss is lower by
+    0.470 ...: this run shows the lesson", of an SGD run against an SGD run)."""
+    from dlokit.analysis import large_batch
+
+    ids = [lesson_run(tmp_path, "u", "sgd", 2.516, 1.2, tuned=False, built="SGD"),
+           lesson_run(tmp_path, "l", "lamb", 2.046, 0.4, built="SGD"), lesson_run(tmp_path, "r", "lars", 9.0, 2, built="SGD")]
+    shown = large_batch.large_batch_lesson(ids, runs_dir=tmp_path)
+    assert shown["outcome"] == "same computation" and "LAMB's loss" not in shown["text"]
+    assert "--optimizer lamb built SGD; --optimizer lars built SGD" in shown["text"] and "TODO TP3.1" in shown["text"]
+    ids[1] = lesson_run(tmp_path, "l2", "lamb", 2.046, 0.4, built="Lamb")
+    ids[2] = lesson_run(tmp_path, "r2", "lars", 9.0, 2, built="Lars")
+    assert large_batch.large_batch_lesson(ids, runs_dir=tmp_path)["outcome"] == "agrees"
 
 
 def test_each_optimiser_at_the_range_tests_lr_is_set_beside_its_tp31_training(tmp_path):

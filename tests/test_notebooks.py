@@ -24,6 +24,7 @@ import pytest
 
 from dlokit import checks, course
 from dlokit.material import student_copy
+from lab_walk import assert_fits
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -300,6 +301,7 @@ def test_day2_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     assert "TODO TP2.2" in found["the day's jobs"]["message"]
     # the scaling cell refuses the untouched script's 2-process run instead of plotting a false speed-up
     assert "without DistributedDataParallel" in executed.read_text()
+    assert_fits(executed, "day2-student", isolated)  # a student's read at 1366 px, screenshots kept
 
 
 def check_day3(results, probe, profile):
@@ -329,7 +331,7 @@ def test_day3_local_solutions(isolated):
 def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
-    results, probe, _ = execute(DAY3, isolated, {**DAY3_STUDENT, "SCRIPTS": str(student)},
+    results, probe, executed = execute(DAY3, isolated, {**DAY3_STUDENT, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"read_formats": sorted(analysis.read_table(read_job[0])'
                                                            '["format"].unique()), "compile_verdicts": [v.as_json() for v '
                                                            'in lessons.compile_verdicts(compile_job[0], '
@@ -344,6 +346,7 @@ def test_day3_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     # 2026-11-28: "compile-default against eager ... ×1.66 ... agrees" with compile_with untouched: eager against eager
     assert probe["compile_verdicts"] and all(v["outcome"] == "same computation" and "TODO TP3.3" in v["same"]
                                              for v in probe["compile_verdicts"]), probe["compile_verdicts"]
+    assert_fits(executed, "day3-student", isolated)
 
 
 DAY4_CHECKS = {"TP4.1 memory per rank", "TP4.2 FSDP2 shards the model", "TP4.2 DDP out of memory, FSDP fits",
@@ -411,7 +414,7 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     student = isolated / "student_scripts"
     student_copy(REPO / "tp_scripts", student)
     student_copy(REPO / "tp_scripts" / "llm", student / "llm")
-    results, probe, _ = execute(DAY4, isolated, {**DAY4_STUDENT, "SCRIPTS": str(student)},
+    results, probe, executed = execute(DAY4, isolated, {**DAY4_STUDENT, "SCRIPTS": str(student)},
                                 STUDENT_PROBE.format(extra='"oom_states": [dlokit.job_outcome(j).state for j in oom_jobs]'))
     found = by_check(results)
     for name, todo in (("TP4.1 memory per rank", "TODO TP4.1"), ("TP4.2 FSDP2 shards the model", "TODO TP4.2"),
@@ -428,3 +431,4 @@ def test_day4_student_scripts_run_to_the_end_and_fail_their_checks(isolated):
     day_jobs = found["the day's jobs"]
     assert day_jobs["status"] == "failed" and "FSDP2 sharded nothing" in day_jobs["message"], day_jobs
     assert "TODO TP4.2" in day_jobs["message"]
+    assert_fits(executed, "day4-student", isolated)

@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from dlokit import checks, course
+from lab_walk import assert_fits
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -67,6 +68,8 @@ def execute(parameters: dict, out_dir: Path) -> tuple[list[dict], dict, str]:
             for line in "".join(output.get("text", "")).splitlines():
                 if line.startswith(PROBE_MARK):
                     probe = json.loads(line[len(PROBE_MARK):])
+    if "PROFILE" not in parameters:  # the embedded default: a student's read at 1366 px, screenshots kept
+        assert_fits(executed, "race", out_dir)
     return checks.results_in_notebook(executed), probe, executed.read_text()
 
 

@@ -485,14 +485,16 @@ def _headline_line(table: pd.DataFrame) -> str:
 # ---- the report, as a page --------------------------------------------------------------------------------
 
 MARK_CLASS = {DONE: "done", STUCK: "stuck", NOT_APPLICABLE: "na", RUNNING: "running", NOT_STARTED: "none"}
+# The rules are scoped to .dlokit-report: in a notebook a <style> applies to the whole JupyterLab page
 STYLE = """<style>
-body { font-family: sans-serif; margin: 1.5em; }
+.dlokit-report { font-family: sans-serif; }
+.dlokit-report .dlokit-scroll { overflow-x: auto; max-width: 100%; }
 table.dlokit-class { border-collapse: collapse; font-size: 13px; }
 table.dlokit-class th, table.dlokit-class td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: left;
   vertical-align: top; }
 table.dlokit-class thead th { background: #f0f0f0; }
-table.dlokit-grid td { padding: 1px 2px; text-align: center; }
-.mark { display: inline-block; min-width: 2.4em; text-align: center; border-radius: 3px; padding: 2px 0; }
+table.dlokit-grid td, table.dlokit-grid th { padding: 1px 2px; text-align: center; font-size: 12px; }
+.mark { display: inline-block; min-width: 2.2em; text-align: center; border-radius: 3px; padding: 2px 0; }
 .mark.done { background: #dafbe1; } .mark.stuck { background: #ffcecb; } .mark.na { background: #eaeef2; }
 .mark.running { background: #fff8c5; } .mark.none { color: #8c959f; }
 td.bad { color: #cf222e; }
@@ -530,28 +532,35 @@ def _jobs_html(detail: pd.DataFrame) -> str:
     return shown.to_html(index=False, escape=False, classes="dlokit-class", border=0)
 
 
-def report_html(table: pd.DataFrame, title: str = "DLO-Kit class report", jobs: pd.DataFrame | None = None) -> str:
-    """A whole HTML page (the instructor opens it in a browser; it names when it was made): the students x TPs grid,
-    who is stuck where on what, then each job (`jobs`: job_detail's table)."""
+def report_body(table: pd.DataFrame, title: str, jobs: pd.DataFrame | None = None, folded: bool = False) -> str:
+    """The report: the students x TPs grid (in a box of its own that scrolls if a class is wider than the page),
+    who is stuck where on what, then each job (`jobs`: job_detail's table; `folded`: under a click)."""
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p>{html.escape(_headline_line(table)) if len(table) else 'no run, job or check found'}</p>"]
     if len(table):
         blocked = stuck(table)
-        parts += [f"<p>{html.escape(legend(table))}</p>", _grid_html(table),
+        parts += [f"<p>{html.escape(legend(table))}</p>", f"<div class='dlokit-scroll'>{_grid_html(table)}</div>",
                   f"<h2>Stuck ({len(blocked)})</h2>",
                   blocked.to_html(index=False, classes="dlokit-class", border=0) if len(blocked) else "<p>nobody</p>"]
     if jobs is not None and len(jobs):
-        parts += ["<h2>Each job</h2>", _jobs_html(jobs)]
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{STYLE}</head>"
-            f"<body>{''.join(parts)}</body></html>")
+        each = f"<div class='dlokit-scroll'>{_jobs_html(jobs)}</div>"
+        parts += [f"<details><summary>Each job ({len(jobs)})</summary>{each}</details>" if folded
+                  else f"<h2>Each job</h2>{each}"]
+    return f"{STYLE}<div class='dlokit-report'>{''.join(parts)}</div>"
+
+
+def report_html(table: pd.DataFrame, title: str = "DLO-Kit class report", jobs: pd.DataFrame | None = None) -> str:
+    """A whole HTML page (the instructor opens it in a browser; it names when it was made)."""
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            f"<body style='margin: 1.5em'>{report_body(table, title, jobs)}</body></html>")
 
 
 def show(runs_dir, logs_dir=None, notebooks=()):
-    """For a notebook cell: the report's page (the grid, who is stuck, each job)."""
+    """For a notebook cell: the report (the grid, who is stuck, each job folded under a click)."""
     from IPython.display import HTML
 
     jobs, checks = gather(runs_dir, logs_dir, notebooks)
-    return HTML(report_html(summary(jobs, checks), jobs=job_detail(jobs)))
+    return HTML(report_body(summary(jobs, checks), "DLO-Kit class report", job_detail(jobs), folded=True))
 
 
 # ---- command line --------------------------------------------------------------------------------------------

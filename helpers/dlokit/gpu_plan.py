@@ -180,6 +180,8 @@ def deepspeed_need(args, ranks: int) -> tuple[float, str]:
     """GiB per rank of a train_deepspeed.py job on CUDA: its stage over the ranks, DeepSpeed's fp32 master copy and
     reduce bucket (memory_model.estimate_for_run); with --offload-optimizer the states and their step on the host."""
     config = common_module(LLM, "model").get_config(args.config, max_seq_len=args.seq_len)
+    if ranks < 2 and not args.one_process:  # as the script refuses it, after its parser
+        raise ValueError("ZeRO shards over several processes: train_deepspeed.py refuses one without --one-process")
     if args.batch_size % ranks:
         raise ValueError(f"--batch-size {args.batch_size} does not split over {ranks} ranks")
     n_params = common_module(LLM, "model").count_params(config)

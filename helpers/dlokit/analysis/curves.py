@@ -6,6 +6,7 @@ import pandas as pd
 
 from dlokit.analysis.figures import add_notes, message_figure, new_figure
 from dlokit.analysis.run import load_runs
+from dlokit.analysis.scaling import not_data_parallel
 
 
 def _series(frame: pd.DataFrame, x: str, y: str):
@@ -59,6 +60,8 @@ def training_curves(runs, runs_dir=None):
     labels = _labels(plotted)
     for index, run in enumerate(plotted):
         color, label = f"C{index % 10}", labels[run.run_id] + (f" on {run.world_size} ranks" if run.world_size > 1 else "")
+        if not_data_parallel(run):  # its record's global batch was never one model's: each rank trained its own
+            label = f"{run.run_id[-4:]}: {run.world_size} models apart, batch {run.config.get('batch_size')} each (no DDP)"
         steps, vals, epochs = run.steps, run.lines("val"), _epoch_steps(run)
         for ax, frame, y, style, suffix in (
                 (loss_ax, steps, "loss", "-", " train"), (loss_ax, vals, "val_loss", "o--", " val"),

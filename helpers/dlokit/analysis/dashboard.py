@@ -55,7 +55,7 @@ def _plot_throughput(ax, steps):
         _legend_above_the_data(ax)
 
 
-def _legend_above_the_data(ax, per_row: int = 4):
+def _legend_above_the_data(ax, per_row: int = 3):
     """The legend in rows of `per_row` (one row of seven phases ran past the plot's left edge), in headroom added
     above the curves, so that it covers none of them."""
     labels = len(ax.get_legend_handles_labels()[1])

@@ -13,9 +13,16 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 
+# JupyterLab's output area on a 1366-px laptop screen, file browser open, is 934 px: 9.3 inches at the inline
+# backend's 100 dpi. A wider figure is shown shrunk to fit, its 10-point text read as 7.
+MAX_WIDTH_IN = 9.2
+
+
 def detached_figure(size) -> Figure:
-    """A new figure that pyplot does not keep (no auto-display, no 'too many figures' warning)."""
-    figure = plt.figure(figsize=size, layout="constrained")
+    """A new figure that pyplot does not keep (no auto-display, no 'too many figures' warning), at most
+    MAX_WIDTH_IN wide: a wider one is laid out narrower, not drawn wide and shown shrunk."""
+    width, height = size
+    figure = plt.figure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
     plt.close(figure)
     return figure
 

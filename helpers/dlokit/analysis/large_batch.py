@@ -298,6 +298,12 @@ def large_batch_lesson(job_ids, runs_dir=None) -> dict:
     layerwise = at_large[at_large["optimizer"].isin(["lamb", "lars"])]
     if untuned.empty or layerwise.empty:
         return {"outcome": None, "text": f"the lesson needs, at batch {large}, untuned SGD and LAMB or LARS", "rows": []}
+    built_else = [f"--optimizer {row.optimizer} built {row.optimizer_class}" for row in layerwise.itertuples()
+                  if row.optimizer_class and row.optimizer_class.lower() != row.optimizer]
+    if built_else:  # the untouched TODO builds SGD whatever is asked: SGD against SGD shows no optimiser's effect
+        return {"outcome": stats.SAME_COMPUTATION, "rows": [],
+                "text": f"same computation, no lesson to read: at batch {large}, {'; '.join(built_else)}, as the "
+                        "untuned run did (TODO TP3.1 in optim_setup.py)"}
     base_row = next(untuned.itertuples())
     base_sample = val_loss_sample(base_row.run_id, runs_dir)
     samples = {row.optimizer: val_loss_sample(row.run_id, runs_dir) for row in layerwise.itertuples()}
@@ -399,14 +405,23 @@ def curve_endings(jobs, batch_per_rank: int, epochs: int, classes: int = 10, run
     the larger global batch did to it (or that neither left chance: too short to say anything)."""
     from dlokit.analysis.table import runs_table
 
+    from dlokit.analysis.scaling import not_data_parallel
+
     ends = runs_table(jobs, runs_dir)
     top1 = {job: top1_estimate(job, runs_dir) for job in jobs}
-    lines = [f"{row.world_size} rank(s), global batch {row.world_size * batch_per_rank}: validation top-1 "
+    apart = {run.run_id: not_data_parallel(run) for run in load_runs(jobs, runs_dir)}
+    batch = {row.run_id: f"batch {batch_per_rank} on each of its own models" if apart.get(row.run_id)
+             else f"global batch {row.world_size * batch_per_rank}" for row in ends.itertuples()}
+    lines = [f"{row.world_size} rank(s), {batch[row.run_id]}: validation top-1 "
              f"{top1[row.run_id].value:.3f} [{top1[row.run_id].low:.3f}–{top1[row.run_id].high:.3f}] after {epochs} "
-             "epochs" if top1[row.run_id].usable else f"{row.world_size} rank(s): no validation accuracy ({row.state})"
+             "epochs" if top1[row.run_id].usable else f"{row.world_size} rank(s), {batch[row.run_id]}: no validation "
+             f"accuracy ({row.state})"
              for row in ends.itertuples()]
     one, many, chance = top1[jobs[0]], top1[jobs[-1]], 1 / classes
-    if one.usable and many.usable and max(one.value, many.value) <= chance + 0.05:
+    if apart.get(jobs[-1]):
+        lines.append(f"this run: no larger global batch to compare - its ranks trained a model each, apart, so "
+                     "the second curve is one rank's own training (complete TODO TP2.2: DDP and a DistributedSampler)")
+    elif one.usable and many.usable and max(one.value, many.value) <= chance + 0.05:
         lines.append(f"this run: neither training got past chance ({chance:.2f}) in {int(ends['steps'].max())} steps "
                      "or fewer: too short to say anything about accuracy; raise CURVE_EPOCHS or TRAIN_PER_CLASS for "
                      "curves that teach")

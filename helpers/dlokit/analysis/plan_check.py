@@ -149,6 +149,6 @@ def comparison_plot(table: pd.DataFrame):
     top = np.nanmax(table[["step_high_ms", "step_measured_ms", "step_predicted_ms"]].to_numpy(float))
     if math.isfinite(top):
         step.set_ylim(0, top * 1.18)  # room above the highest whisker for its two-line label, under the title
-    memory.set_title("memory per rank: memory model against the tensors held", fontsize=9)
-    step.set_title("step time: step model against the settled steps (×: measured / predicted, 95 % interval)", fontsize=9)
+    memory.set_title("memory per rank:\nmemory model against the tensors held", fontsize=9)
+    step.set_title("step time: step model against the settled steps\n(×: measured / predicted, 95 % interval)", fontsize=9)
     return figure

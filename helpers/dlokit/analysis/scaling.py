@@ -42,6 +42,15 @@ def check_data_parallel(run: Run) -> None:
                            "whole data set instead of its own shard (complete TP2.2: a DistributedSampler)")
 
 
+def not_data_parallel(run: Run) -> str | None:
+    """Why a multi-rank run's ranks did not train one model together (check_data_parallel's reason), or None."""
+    try:
+        check_data_parallel(run)
+    except ScalingError as why:
+        return str(why)
+    return None
+
+
 def scaling_kind(table: pd.DataFrame) -> str:
     """'strong' (same global batch), 'weak' (same per-rank batch) or 'mixed'."""
     if table["global_batch_size"].nunique(dropna=True) <= 1:

@@ -442,6 +442,8 @@ def use_in_notebook() -> None:
 
 def _shown(frame: pd.DataFrame) -> str:
     """html_of, or pandas' own table should a frame defeat it: showing a table never fails a cell."""
+    if type(frame)._repr_html_ is not pd.DataFrame._repr_html_:
+        return frame._repr_html_()  # a table that draws itself (the checks' scoreboard, with what to do next)
     try:
         return html_of(frame)
     except Exception as error:  # noqa: BLE001 (any frame a cell displays)

@@ -48,6 +48,8 @@ def parse_args(argv=None):
                    help="0: DDP; 1: optimizer states sharded; 2: + gradients; 3: + weights")
     p.add_argument("--offload-optimizer", action="store_true",
                    help='"offload_optimizer": {"device": "cpu"}: the optimizer states and their step on the host')
+    p.add_argument("--one-process", action="store_true",
+                   help="run on one process, where ZeRO has nothing to shard: a check of DeepSpeed on one device")
     ours, rest = p.parse_known_args(argv)
     args = train_llm_options(rest)
     if args.mode != "single":
@@ -88,9 +90,10 @@ def ds_config(args, world: int, n_params: int) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     env = dlorank.detect()
-    if env.world_size < 2:
+    if env.world_size < 2 and not args.one_process:
         print("train_deepspeed.py: error: ZeRO shards over several processes (srun --ntasks=2, or the kit's "
-              "n_gpu=2); the single process to compare with is train_llm.py --mode single", file=sys.stderr, flush=True)
+              "n_gpu=2); the single process to compare with is train_llm.py --mode single (--one-process: run "
+              "anyway, sharding nothing)", file=sys.stderr, flush=True)
         return EXIT_BAD_OPTIONS
     try:
         config = get_config(args.config, max_seq_len=args.seq_len)
@@ -102,6 +105,8 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
         return EXIT_BAD_OPTIONS
     device = setup_device(args)  # train_llm.py's: the process group, --tf32
+    if not dist.is_initialized():  # --one-process: DeepSpeed still wants a process group, here of one
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(args.seed)  # before the model: train_llm.py's initial weights
     recorder = start_record(args, config, env, device)
     reason = cannot_run_here(device)
